@@ -1,0 +1,1 @@
+//! flashpool pool engine.

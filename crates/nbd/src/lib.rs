@@ -1,0 +1,1 @@
+//! flashpool NBD front-end.

@@ -1,0 +1,1 @@
+//! flashpool NAND SSD simulator.
