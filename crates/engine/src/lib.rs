@@ -10,5 +10,6 @@ pub mod aligned;
 pub mod codec;
 pub mod drive;
 pub mod error;
+pub mod format;
 
 pub use error::{Error, Result};
