@@ -1,0 +1,614 @@
+//! Simulator configuration: the TOML schema (`[geometry]`, `[timing]`, `[ftl]`, `[workload]`),
+//! its documented defaults, and validation that turns bad input into a clear [`ConfigError`].
+//!
+//! The key names here are a stable interface used by checks outside the code base; add keys,
+//! never rename them. Every struct uses `deny_unknown_fields` so a typo is an error, not a
+//! silently ignored setting.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Largest supported planes per die (multi-plane operations keep fixed-size arrays).
+pub const MAX_PLANES: u32 = 8;
+
+/// A configuration error: which key and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// A whole simulation: device and workload.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Optional human name (presets set it).
+    pub name: Option<String>,
+    pub geometry: GeometryConfig,
+    pub timing: TimingConfig,
+    pub ftl: FtlConfig,
+    pub workload: WorkloadConfig,
+}
+
+/// Flash array geometry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GeometryConfig {
+    pub channels: u32,
+    pub dies_per_channel: u32,
+    pub planes_per_die: u32,
+    pub blocks_per_plane: u32,
+    pub pages_per_block: u32,
+    /// Bytes per flash page; also the FTL mapping unit.
+    pub page_size: u32,
+}
+
+impl Default for GeometryConfig {
+    fn default() -> Self {
+        GeometryConfig {
+            channels: 8,
+            dies_per_channel: 4,
+            planes_per_die: 2,
+            blocks_per_plane: 256,
+            pages_per_block: 256,
+            page_size: 4096,
+        }
+    }
+}
+
+/// NAND and bus timing. Times in microseconds (fractions allowed), converted to ns once.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingConfig {
+    /// tR: array read (page to register), us.
+    pub read_us: f64,
+    /// tPROG: page program, us.
+    pub program_us: f64,
+    /// tBERS: block erase, us.
+    pub erase_us: f64,
+    /// Channel transfer rate in mega-transfers per second.
+    pub channel_mt_s: u32,
+    /// Channel data bus width in bits.
+    pub bus_width_bits: u32,
+    /// Per-operation command overhead (command/address cycles, firmware), us.
+    pub cmd_overhead_us: f64,
+    /// Optional per-page-type tR, LSB first (length = bits per cell). Overrides `read_us`.
+    pub read_us_by_type: Vec<f64>,
+    /// Optional per-page-type tPROG, LSB first. Overrides `program_us`.
+    pub program_us_by_type: Vec<f64>,
+    /// Time to suspend a program, us.
+    pub program_suspend_us: f64,
+    /// Time to suspend an erase, us.
+    pub erase_suspend_us: f64,
+    /// Time to resume a suspended program or erase, us.
+    pub resume_us: f64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig {
+            read_us: 25.0,
+            program_us: 200.0,
+            erase_us: 1500.0,
+            channel_mt_s: 400,
+            bus_width_bits: 8,
+            cmd_overhead_us: 1.0,
+            read_us_by_type: Vec::new(),
+            program_us_by_type: Vec::new(),
+            program_suspend_us: 20.0,
+            erase_suspend_us: 20.0,
+            resume_us: 20.0,
+        }
+    }
+}
+
+/// Garbage-collection victim policy.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum GcPolicy {
+    Greedy,
+    CostBenefit,
+    Fifo,
+    DChoices,
+}
+
+impl GcPolicy {
+    pub const ALL: [GcPolicy; 4] = [
+        GcPolicy::Greedy,
+        GcPolicy::CostBenefit,
+        GcPolicy::Fifo,
+        GcPolicy::DChoices,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            GcPolicy::Greedy => "greedy",
+            GcPolicy::CostBenefit => "cost-benefit",
+            GcPolicy::Fifo => "fifo",
+            GcPolicy::DChoices => "d-choices",
+        }
+    }
+}
+
+/// Which operations a read may suspend.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Suspension {
+    None,
+    Erase,
+    ProgramErase,
+}
+
+/// Priority of garbage-collection traffic against host writes when foreground GC runs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum GcPriority {
+    /// GC operations go before queued host writes.
+    Gc,
+    /// Host writes go first while a plane can still take them.
+    Host,
+    /// Alternate one GC operation and one host program.
+    Fair,
+}
+
+/// Flash translation layer settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FtlConfig {
+    /// Over-provisioning: (physical - logical) / physical.
+    pub op_ratio: f64,
+    pub gc_policy: GcPolicy,
+    /// Foreground GC runs in a plane while its free blocks are below this.
+    pub gc_threshold_blocks: u32,
+    /// Background GC runs on an idle die while a plane's free blocks are below this.
+    pub bg_gc_threshold_blocks: u32,
+    /// Candidates sampled by the d-choices policy.
+    pub d_choices: u32,
+    pub gc_priority: GcPriority,
+    pub suspension: Suspension,
+    /// Most suspensions of one program or erase.
+    pub max_suspends_per_op: u32,
+    /// Dynamic wear leveling: open the free block with the lowest erase count.
+    pub dynamic_wear_leveling: bool,
+    /// Static wear leveling: move cold data when a plane's erase-count spread exceeds this
+    /// (0 disables).
+    pub static_wl_threshold: u32,
+    /// Program/erase endurance: a block is retired (grown bad) when its erase count reaches
+    /// this (0 = unlimited).
+    pub endurance: u32,
+    /// Factory bad blocks per die, placed by the seed.
+    pub factory_bad_blocks_per_die: u32,
+}
+
+impl Default for FtlConfig {
+    fn default() -> Self {
+        FtlConfig {
+            op_ratio: 0.07,
+            gc_policy: GcPolicy::Greedy,
+            gc_threshold_blocks: 3,
+            bg_gc_threshold_blocks: 6,
+            d_choices: 8,
+            gc_priority: GcPriority::Fair,
+            suspension: Suspension::None,
+            max_suspends_per_op: 4,
+            dynamic_wear_leveling: true,
+            static_wl_threshold: 0,
+            endurance: 0,
+            factory_bad_blocks_per_die: 0,
+        }
+    }
+}
+
+/// I/O pattern, as fio's `rw`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Rw {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+    Randrw,
+    /// Sequential mixed read/write (fio `rw=rw`).
+    Rw,
+}
+
+impl Rw {
+    pub fn is_random(self) -> bool {
+        matches!(self, Rw::Randread | Rw::Randwrite | Rw::Randrw)
+    }
+}
+
+/// Address distribution of random I/O.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    Uniform,
+    Zipf,
+    Hotcold,
+}
+
+/// Preconditioning before the measured run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Precondition {
+    None,
+    Fill,
+    Steady,
+}
+
+/// A byte size: an integer, or a string such as "4k", "128KiB", "1g", "50%".
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(SizeText),
+}
+
+/// Parsed text form of [`Size`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SizeText {
+    Bytes(u64),
+    /// A fraction of the logical capacity.
+    Fraction(f64),
+}
+
+impl Serialize for SizeText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SizeText::Bytes(b) => s.serialize_str(&b.to_string()),
+            SizeText::Fraction(f) => s.serialize_str(&format!("{}%", f * 100.0)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SizeText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_size(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses "4096", "4k", "4KiB", "1.5m", "2g", "50%".
+pub fn parse_size(s: &str) -> Result<SizeText, String> {
+    let t = s.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad percentage {s:?}"))?;
+        if !(v > 0.0 && v <= 100.0) {
+            return Err(format!("percentage {s:?} must be in (0, 100]"));
+        }
+        return Ok(SizeText::Fraction(v / 100.0));
+    }
+    let lower = t.to_ascii_lowercase();
+    let lower = lower
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+        .to_string();
+    let (num, mult) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1u64 << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1u64 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1u64 << 30),
+        Some('t') => (&lower[..lower.len() - 1], 1u64 << 40),
+        _ => (&lower[..], 1u64),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad size {s:?} (use bytes or a suffix k, m, g, t, or a %)"))?;
+    if !(v >= 0.0) || !v.is_finite() {
+        return Err(format!("bad size {s:?}"));
+    }
+    Ok(SizeText::Bytes((v * mult as f64).round() as u64))
+}
+
+impl Size {
+    /// Resolves to bytes; fractions are of `capacity`.
+    pub fn bytes(self, capacity: u64) -> u64 {
+        match self {
+            Size::Bytes(b) | Size::Text(SizeText::Bytes(b)) => b,
+            Size::Text(SizeText::Fraction(f)) => (capacity as f64 * f) as u64,
+        }
+    }
+}
+
+/// The fio-like job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkloadConfig {
+    pub rw: Rw,
+    /// Percentage of reads in mixed workloads.
+    pub rwmixread: u32,
+    /// Block size in bytes (rounded up to whole pages).
+    pub bs: Size,
+    /// Outstanding I/Os per job.
+    pub iodepth: u32,
+    /// Independent jobs, each with `iodepth` outstanding I/Os.
+    pub numjobs: u32,
+    /// Bytes of logical space the job touches (default: all of it from `offset`).
+    pub span: Option<Size>,
+    /// Start of the touched region, bytes.
+    pub offset: Size,
+    /// Host I/Os in the measured run.
+    pub ios: u64,
+    /// Alternatively, stop issuing after this much simulated time (ms); 0 = use `ios` only.
+    pub runtime_ms: f64,
+    pub seed: u64,
+    pub precondition: Precondition,
+    pub distribution: Distribution,
+    /// Zipf exponent (distribution = "zipf").
+    pub zipf_theta: f64,
+    /// Fraction of the span that is hot (distribution = "hotcold").
+    pub hot_fraction: f64,
+    /// Fraction of I/Os that go to the hot part (distribution = "hotcold").
+    pub hot_access: f64,
+    /// Sample a time-series point every this many completed host I/Os (0 = about 100 points).
+    pub sample_every: u64,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig {
+            rw: Rw::Randwrite,
+            rwmixread: 50,
+            bs: Size::Bytes(4096),
+            iodepth: 32,
+            numjobs: 1,
+            span: None,
+            offset: Size::Bytes(0),
+            ios: 200_000,
+            runtime_ms: 0.0,
+            seed: 1,
+            precondition: Precondition::Fill,
+            distribution: Distribution::Uniform,
+            zipf_theta: 1.1,
+            hot_fraction: 0.2,
+            hot_access: 0.8,
+            sample_every: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Parses TOML text; unknown keys and bad values are errors.
+    pub fn from_toml(text: &str) -> Result<SimConfig, ConfigError> {
+        let cfg: SimConfig =
+            toml::from_str(text).map_err(|e| ConfigError(format!("invalid config: {e}")))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Serializes back to TOML (for `--print-config` and experiments).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks ranges and combinations; returns the first problem found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let g = &self.geometry;
+        for (name, v) in [
+            ("geometry.channels", g.channels),
+            ("geometry.dies_per_channel", g.dies_per_channel),
+            ("geometry.planes_per_die", g.planes_per_die),
+            ("geometry.blocks_per_plane", g.blocks_per_plane),
+            ("geometry.pages_per_block", g.pages_per_block),
+            ("geometry.page_size", g.page_size),
+        ] {
+            if v == 0 {
+                return err(format!("{name} must be at least 1"));
+            }
+        }
+        if g.planes_per_die > MAX_PLANES {
+            return err(format!(
+                "geometry.planes_per_die must be at most {MAX_PLANES}"
+            ));
+        }
+        if g.pages_per_block > 65_535 {
+            return err("geometry.pages_per_block must be at most 65535");
+        }
+        let pages = g.channels as u128
+            * g.dies_per_channel as u128
+            * g.planes_per_die as u128
+            * g.blocks_per_plane as u128
+            * g.pages_per_block as u128;
+        if pages >= u32::MAX as u128 {
+            return err(format!(
+                "geometry has {pages} pages; at most {} are supported (u32 page ids)",
+                u32::MAX - 1
+            ));
+        }
+        let t = &self.timing;
+        for (name, v) in [
+            ("timing.read_us", t.read_us),
+            ("timing.program_us", t.program_us),
+            ("timing.erase_us", t.erase_us),
+            ("timing.cmd_overhead_us", t.cmd_overhead_us),
+            ("timing.program_suspend_us", t.program_suspend_us),
+            ("timing.erase_suspend_us", t.erase_suspend_us),
+            ("timing.resume_us", t.resume_us),
+        ] {
+            if !(v >= 0.0 && v < 1e9) {
+                return err(format!("{name} must be a non-negative number of us"));
+            }
+        }
+        if t.channel_mt_s == 0 || t.bus_width_bits == 0 {
+            return err("timing.channel_mt_s and timing.bus_width_bits must be at least 1");
+        }
+        for (name, v) in [
+            ("timing.read_us_by_type", &t.read_us_by_type),
+            ("timing.program_us_by_type", &t.program_us_by_type),
+        ] {
+            if v.len() > 4 {
+                return err(format!("{name} has {} entries; at most 4 (QLC)", v.len()));
+            }
+            if v.iter().any(|x| !(*x >= 0.0 && *x < 1e9)) {
+                return err(format!("{name} must hold non-negative us"));
+            }
+        }
+        let f = &self.ftl;
+        if !(f.op_ratio > 0.0 && f.op_ratio < 0.95) {
+            return err(format!(
+                "ftl.op_ratio = {} must be in (0, 0.95): it is (physical - logical) / physical",
+                f.op_ratio
+            ));
+        }
+        if f.gc_threshold_blocks < 2 {
+            return err("ftl.gc_threshold_blocks must be at least 2 (one block is kept for GC)");
+        }
+        if f.gc_threshold_blocks >= g.blocks_per_plane {
+            return err(format!(
+                "ftl.gc_threshold_blocks = {} must be below geometry.blocks_per_plane = {}",
+                f.gc_threshold_blocks, g.blocks_per_plane
+            ));
+        }
+        if f.d_choices == 0 {
+            return err("ftl.d_choices must be at least 1");
+        }
+        if f.max_suspends_per_op > 255 {
+            return err("ftl.max_suspends_per_op must be at most 255");
+        }
+        let blocks_per_die = g.planes_per_die * g.blocks_per_plane;
+        if f.factory_bad_blocks_per_die >= blocks_per_die {
+            return err("ftl.factory_bad_blocks_per_die must be below the blocks per die");
+        }
+        // Spare space per plane must cover the two open frontiers (user, GC), the GC reserve
+        // block and at least one block of invalid pages, or GC cannot make progress.
+        let spare_blocks = f.op_ratio * g.blocks_per_plane as f64
+            - f.factory_bad_blocks_per_die as f64 / g.planes_per_die as f64;
+        if spare_blocks < 4.0 {
+            return err(format!(
+                "ftl.op_ratio = {} leaves {:.1} spare blocks per plane; at least 4 are needed \
+                 (user and GC frontiers, the GC reserve block and room for invalid pages): \
+                 raise op_ratio to at least {:.3} or add blocks",
+                f.op_ratio,
+                spare_blocks,
+                (4.0 + f.factory_bad_blocks_per_die as f64 / g.planes_per_die as f64)
+                    / g.blocks_per_plane as f64
+            ));
+        }
+        let w = &self.workload;
+        if w.rwmixread > 100 {
+            return err("workload.rwmixread must be 0..=100");
+        }
+        if w.iodepth == 0 || w.numjobs == 0 {
+            return err("workload.iodepth and workload.numjobs must be at least 1");
+        }
+        if w.iodepth as u64 * w.numjobs as u64 > 1 << 20 {
+            return err("workload.iodepth * numjobs must be at most 1048576");
+        }
+        let bs = w.bs.bytes(0);
+        if bs == 0 {
+            return err("workload.bs must be at least 1 byte");
+        }
+        if w.ios == 0 && w.runtime_ms <= 0.0 {
+            return err("workload.ios or workload.runtime_ms must be positive");
+        }
+        if !(w.runtime_ms >= 0.0) {
+            return err("workload.runtime_ms must be non-negative");
+        }
+        if w.distribution == Distribution::Zipf && !(w.zipf_theta > 0.0 && w.zipf_theta < 100.0) {
+            return err("workload.zipf_theta must be in (0, 100)");
+        }
+        if w.distribution == Distribution::Hotcold
+            && !(w.hot_fraction > 0.0
+                && w.hot_fraction < 1.0
+                && w.hot_access >= 0.0
+                && w.hot_access <= 1.0)
+        {
+            return err("workload.hot_fraction must be in (0, 1) and hot_access in [0, 1]");
+        }
+        let logical_bytes = self.logical_pages() * g.page_size as u64;
+        let offset = w.offset.bytes(logical_bytes);
+        let span = self.span_bytes();
+        if offset >= logical_bytes {
+            return err(format!(
+                "workload.offset = {offset} is beyond the logical capacity {logical_bytes} bytes"
+            ));
+        }
+        if span == 0 {
+            return err("workload.span must be positive");
+        }
+        if offset + span > logical_bytes {
+            return err(format!(
+                "workload.offset + span = {} exceeds the logical capacity {logical_bytes} bytes",
+                offset + span
+            ));
+        }
+        let page = g.page_size as u64;
+        if span < bs.div_ceil(page) * page {
+            return err("workload.span is smaller than one block of size bs");
+        }
+        Ok(())
+    }
+
+    /// Physical pages of the whole device.
+    pub fn physical_pages(&self) -> u64 {
+        let g = &self.geometry;
+        g.channels as u64
+            * g.dies_per_channel as u64
+            * g.planes_per_die as u64
+            * g.blocks_per_plane as u64
+            * g.pages_per_block as u64
+    }
+
+    /// Logical pages exported to the host: physical * (1 - op_ratio), rounded down.
+    pub fn logical_pages(&self) -> u64 {
+        (self.physical_pages() as f64 * (1.0 - self.ftl.op_ratio)).floor() as u64
+    }
+
+    /// Bytes touched by the workload (`span`, default: from `offset` to the end).
+    pub fn span_bytes(&self) -> u64 {
+        let logical_bytes = self.logical_pages() * self.geometry.page_size as u64;
+        let offset = self.workload.offset.bytes(logical_bytes);
+        match self.workload.span {
+            Some(s) => s.bytes(logical_bytes),
+            None => logical_bytes.saturating_sub(offset),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4k"), Ok(SizeText::Bytes(4096)));
+        assert_eq!(parse_size("128KiB"), Ok(SizeText::Bytes(131072)));
+        assert_eq!(parse_size("1g"), Ok(SizeText::Bytes(1 << 30)));
+        assert_eq!(parse_size("50%"), Ok(SizeText::Fraction(0.5)));
+        assert!(parse_size("abc").is_err());
+    }
+
+    #[test]
+    fn defaults_validate() {
+        SimConfig::default().validate().unwrap();
+        let c = SimConfig::from_toml("[workload]\nbs = \"8k\"\nspan = \"50%\"\n").unwrap();
+        assert_eq!(c.workload.bs.bytes(0), 8192);
+        assert_eq!(c.span_bytes(), c.logical_pages() * 4096 / 2);
+    }
+
+    #[test]
+    fn bad_configs_are_errors() {
+        for bad in [
+            "[geometry]\nchannels = 0",
+            "[ftl]\nop_ratio = 0.0",
+            "[ftl]\ngc_policy = \"lru\"",
+            "[workload]\nrw = \"trim\"",
+            "[geometry]\nblocks_per_plane = 8",
+            "[bogus]\nx = 1",
+            "[workload]\nbs = \"4q\"",
+        ] {
+            assert!(SimConfig::from_toml(bad).is_err(), "{bad}");
+        }
+    }
+}
