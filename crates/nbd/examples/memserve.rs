@@ -1,0 +1,139 @@
+//! memserve: serve sparse in-memory disks over NBD, for tests and
+//! benchmarks before (and beside) the real pool engine.
+//!
+//! Flags mirror `flashpool serve` so the end-to-end scripts run against
+//! either: `--data DIR` (exports are loaded from / saved to DIR/NAME.img
+//! across restarts; saved on SIGINT/SIGTERM after the connections drained),
+//! `--listen HOST:PORT` (default 127.0.0.1:10809), `--socket PATH`, `--stdio`,
+//! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
+//! `default`, which also answers to the empty name), `--no-tcp`.
+//! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flashpool_nbd::{Config, MemExport, Server, StaticExports};
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("bad size '{s}'"))
+}
+
+struct Args {
+    data: Option<PathBuf>,
+    listen: String,
+    socket: Option<PathBuf>,
+    stdio: bool,
+    no_tcp: bool,
+    size: u64,
+    exports: Vec<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        data: None,
+        listen: "127.0.0.1:10809".into(),
+        socket: None,
+        stdio: false,
+        no_tcp: false,
+        size: 1 << 30,
+        exports: vec!["default".into()],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--data" => a.data = Some(val("--data")?.into()),
+            "--listen" => a.listen = val("--listen")?,
+            "--socket" => a.socket = Some(val("--socket")?.into()),
+            "--stdio" => a.stdio = true,
+            "--no-tcp" => a.no_tcp = true,
+            "--size" => a.size = parse_size(&val("--size")?)?,
+            "--export" => a.exports.push(val("--export")?),
+            "-h" | "--help" => {
+                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]...");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument '{other}'")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("memserve: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    if std::env::var_os("MEMSERVE_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("MEMSERVE_LOG"))
+            .init();
+    }
+    if let Some(d) = &args.data {
+        std::fs::create_dir_all(d)?;
+    }
+    let mut set = StaticExports::new();
+    let mut disks = Vec::new();
+    for name in &args.exports {
+        let image = args.data.as_ref().map(|d| d.join(format!("{name}.img")));
+        let disk = match &image {
+            Some(p) if p.exists() => MemExport::load(p)?,
+            _ => MemExport::new(args.size),
+        };
+        let disk = Arc::new(disk);
+        set.add(name.clone(), format!("memory disk '{name}'"), disk.clone());
+        disks.push((image, disk));
+    }
+    set.set_default("default");
+    let mut server = Server::new(Arc::new(set), Config::default())?;
+    let stop = server.shutdown_handle();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.shutdown();
+        }
+    });
+    if args.stdio {
+        server.run_stdio()?;
+    } else {
+        let activated = server.listen_activated()?;
+        if activated == 0 {
+            if !args.no_tcp {
+                let a = server.listen_tcp(args.listen.as_str())?;
+                println!("nbd://{a}/");
+            }
+            if let Some(p) = &args.socket {
+                server.listen_unix(p)?;
+                println!("nbd+unix:///?socket={}", p.display());
+            }
+        }
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        server.run()?;
+    }
+    for (image, disk) in disks {
+        if let Some(p) = image {
+            disk.save(&p)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Server limits and tunables ([`Config`]): connection count, requests in
+//! flight and buffer bytes per connection, drain timeout on shutdown.
+
+use std::time::Duration;
+
+/// Limits of a [`crate::Server`]. Memory held for request and reply buffers
+/// is bounded by `max_connections * max_buffer_bytes_per_connection`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Connections served at once; further ones are closed right after accept.
+    pub max_connections: usize,
+    /// Requests processed at once per connection (worker threads, spawned on
+    /// demand). Further requests wait in the socket buffer.
+    pub max_in_flight_per_connection: usize,
+    /// Bytes of request/reply payload buffers held at once per connection
+    /// (at least one maximum-size request, 32 MiB, is always admitted).
+    pub max_buffer_bytes_per_connection: u64,
+    /// On shutdown, how long connections get to finish their in-flight
+    /// requests before their sockets are closed under them.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_connections: 128,
+            max_in_flight_per_connection: 16,
+            max_buffer_bytes_per_connection: 64 * 1024 * 1024,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The storage interface the NBD server talks to: [`Export`] (one block
+//! device), [`ExportSet`] (the named exports a server offers), [`Extent`]
+//! (allocation status) and [`ExportError`] (an errno-like failure that maps
+//! onto the NBD error values). The server never depends on a concrete
+//! storage engine, only on these traits.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::proto;
+
+/// What went wrong in an export operation; each kind maps to one NBD error
+/// value (see [`ErrorKind::nbd_errno`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Operation not permitted (read-only export): `NBD_EPERM`.
+    Permission,
+    /// Input/output error: `NBD_EIO`.
+    Io,
+    /// Out of memory: `NBD_ENOMEM`.
+    NoMemory,
+    /// Bad argument (range, flags): `NBD_EINVAL`.
+    Invalid,
+    /// No space left (thin pool full, write past the end): `NBD_ENOSPC`.
+    NoSpace,
+    /// Value too large: `NBD_EOVERFLOW`.
+    Overflow,
+    /// Operation not supported (e.g. a zero that cannot be fast): `NBD_ENOTSUP`.
+    NotSupported,
+    /// The server or backend is shutting down: `NBD_ESHUTDOWN`.
+    Shutdown,
+}
+
+impl ErrorKind {
+    /// The NBD wire error value for this kind.
+    pub fn nbd_errno(self) -> u32 {
+        match self {
+            ErrorKind::Permission => proto::EPERM,
+            ErrorKind::Io => proto::EIO,
+            ErrorKind::NoMemory => proto::ENOMEM,
+            ErrorKind::Invalid => proto::EINVAL,
+            ErrorKind::NoSpace => proto::ENOSPC,
+            ErrorKind::Overflow => proto::EOVERFLOW,
+            ErrorKind::NotSupported => proto::ENOTSUP,
+            ErrorKind::Shutdown => proto::ESHUTDOWN,
+        }
+    }
+
+    /// Map a host `errno` value (as returned by a backend's `errno()`) to a
+    /// kind. `EDQUOT` and `EFBIG` become `NoSpace` as the spec asks; anything
+    /// unknown becomes `Io`.
+    pub fn from_errno(errno: i32) -> ErrorKind {
+        match errno {
+            libc::EPERM | libc::EACCES | libc::EROFS => ErrorKind::Permission,
+            libc::ENOMEM => ErrorKind::NoMemory,
+            libc::EINVAL | libc::ERANGE => ErrorKind::Invalid,
+            libc::ENOSPC | libc::EDQUOT | libc::EFBIG => ErrorKind::NoSpace,
+            libc::EOVERFLOW => ErrorKind::Overflow,
+            libc::ENOTSUP | libc::ENOSYS => ErrorKind::NotSupported,
+            libc::ESHUTDOWN => ErrorKind::Shutdown,
+            _ => ErrorKind::Io,
+        }
+    }
+}
+
+/// An export operation failure: a kind plus a human-readable message (the
+/// message travels to structured-reply clients in the error chunk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ExportError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ExportError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Build from a host errno value and a message.
+    pub fn from_errno(errno: i32, message: impl Into<String>) -> Self {
+        ExportError::new(ErrorKind::from_errno(errno), message)
+    }
+}
+
+impl fmt::Display for ExportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for ExportError {}
+
+impl From<std::io::Error> for ExportError {
+    fn from(e: std::io::Error) -> Self {
+        let kind = e
+            .raw_os_error()
+            .map(ErrorKind::from_errno)
+            .unwrap_or(ErrorKind::Io);
+        ExportError::new(kind, e.to_string())
+    }
+}
+
+/// One run of bytes with a uniform allocation status (`base:allocation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Length in bytes (non-zero).
+    pub len: u64,
+    /// Not allocated in the backend (`NBD_STATE_HOLE`).
+    pub hole: bool,
+    /// Reads as zeroes (`NBD_STATE_ZERO`).
+    pub zero: bool,
+}
+
+impl Extent {
+    pub fn data(len: u64) -> Self {
+        Extent {
+            len,
+            hole: false,
+            zero: false,
+        }
+    }
+    pub fn hole(len: u64) -> Self {
+        Extent {
+            len,
+            hole: true,
+            zero: true,
+        }
+    }
+    pub fn zero(len: u64) -> Self {
+        Extent {
+            len,
+            hole: false,
+            zero: true,
+        }
+    }
+    /// The `base:allocation` status flags of this extent.
+    pub fn flags(&self) -> u32 {
+        (if self.hole { proto::STATE_HOLE } else { 0 })
+            | (if self.zero { proto::STATE_ZERO } else { 0 })
+    }
+}
+
+/// A block device the server exports. All methods may be called from many
+/// threads at once (several requests in flight, several connections).
+///
+/// The server has already checked every range against [`Export::size`]
+/// before calling; lengths are never zero.
+///
+/// Durability contract (this is what makes `NBD_FLAG_CAN_MULTI_CONN` true):
+/// when [`Export::flush`] returns, every write that returned before the flush
+/// was called, on any connection, is persistent; a `write` with `fua = true`
+/// is persistent when it returns.
+pub trait Export: Send + Sync {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Fill `buf` with the bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
+    /// Write `data` at `offset`; with `fua`, persist it before returning.
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+    /// Persist every write that completed before this call.
+    fn flush(&self) -> Result<(), ExportError>;
+    /// Discard a range (contents afterwards are unspecified, zeroes in practice).
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError>;
+    /// Make a range read as zeroes (may deallocate it).
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError>;
+    /// Allocation status of `[offset, offset+len)`: consecutive extents from
+    /// `offset`, covering at least one byte; may cover less or more than
+    /// `len` (the server clips and merges).
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError>;
+
+    /// Write zeroes without deallocating (`NBD_CMD_FLAG_NO_HOLE`). Defaults
+    /// to [`Export::write_zeroes`]: reading zeroes is all the spec promises.
+    fn write_zeroes_no_hole(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.write_zeroes(offset, len)
+    }
+    /// Whether zeroing is cheaper than writing zeroes (metadata only). When
+    /// false, `NBD_CMD_FLAG_FAST_ZERO` requests fail fast with `ENOTSUP`.
+    fn fast_zero(&self) -> bool {
+        true
+    }
+    /// Prefetch hint (`NBD_CMD_CACHE`); default: nothing to do.
+    fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
+        Ok(())
+    }
+    /// Read-only exports advertise `NBD_FLAG_READ_ONLY`; the server then
+    /// refuses writes, trims and zeroes with `EPERM`.
+    fn read_only(&self) -> bool {
+        false
+    }
+    /// Advertise `NBD_FLAG_ROTATIONAL`.
+    fn rotational(&self) -> bool {
+        false
+    }
+}
+
+/// The set of exports a server offers, looked up by name at handshake time.
+/// The empty name `""` is the default export.
+pub trait ExportSet: Send + Sync {
+    /// `(name, description)` of every export, for `NBD_OPT_LIST`.
+    fn list(&self) -> Vec<(String, String)>;
+    /// The export called `name` (`""` = the default), if any.
+    fn get(&self, name: &str) -> Option<Arc<dyn Export>>;
+    /// The canonical name of export `name` (for `NBD_INFO_NAME`); by default
+    /// the name itself. A set whose default export has a real name should
+    /// return it for `""`.
+    fn canonical_name(&self, name: &str) -> String {
+        name.to_string()
+    }
+    /// Human-readable description for `NBD_INFO_DESCRIPTION`; by default the
+    /// one [`ExportSet::list`] gives for the canonical name.
+    fn description(&self, name: &str) -> Option<String> {
+        let canonical = self.canonical_name(name);
+        self.list()
+            .into_iter()
+            .find(|(n, _)| *n == canonical)
+            .map(|(_, d)| d)
+            .filter(|d| !d.is_empty())
+    }
+}
+
+/// An [`ExportSet`] over a fixed list of exports; the first one added (or
+/// the one named by [`StaticExports::set_default`]) answers to `""`.
+#[derive(Default, Clone)]
+pub struct StaticExports {
+    entries: Vec<(String, String, Arc<dyn Export>)>,
+    default: Option<String>,
+}
+
+impl StaticExports {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Add an export with a description.
+    pub fn add(
+        &mut self,
+        name: impl Into<String>,
+        description: impl Into<String>,
+        export: Arc<dyn Export>,
+    ) {
+        self.entries.push((name.into(), description.into(), export));
+    }
+    /// Make export `name` answer to the empty name.
+    pub fn set_default(&mut self, name: impl Into<String>) {
+        self.default = Some(name.into());
+    }
+    fn default_name(&self) -> Option<&str> {
+        self.default
+            .as_deref()
+            .or_else(|| self.entries.first().map(|e| e.0.as_str()))
+    }
+}
+
+impl ExportSet for StaticExports {
+    fn list(&self) -> Vec<(String, String)> {
+        self.entries
+            .iter()
+            .map(|(n, d, _)| (n.clone(), d.clone()))
+            .collect()
+    }
+    fn get(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let name = self.canonical_name(name);
+        self.entries
+            .iter()
+            .find(|e| e.0 == name)
+            .map(|e| Arc::clone(&e.2))
+    }
+    fn canonical_name(&self, name: &str) -> String {
+        if name.is_empty() {
+            self.default_name().unwrap_or("").to_string()
+        } else {
+            name.to_string()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(
+            ErrorKind::from_errno(libc::ENOSPC).nbd_errno(),
+            proto::ENOSPC
+        );
+        assert_eq!(
+            ErrorKind::from_errno(libc::EDQUOT).nbd_errno(),
+            proto::ENOSPC
+        );
+        assert_eq!(
+            ErrorKind::from_errno(libc::EFBIG).nbd_errno(),
+            proto::ENOSPC
+        );
+        assert_eq!(
+            ErrorKind::from_errno(libc::EINVAL).nbd_errno(),
+            proto::EINVAL
+        );
+        assert_eq!(ErrorKind::from_errno(libc::EROFS).nbd_errno(), proto::EPERM);
+        assert_eq!(
+            ErrorKind::from_errno(libc::ENOTSUP).nbd_errno(),
+            proto::ENOTSUP
+        );
+        assert_eq!(ErrorKind::from_errno(9999).nbd_errno(), proto::EIO);
+        assert_eq!(ErrorKind::Shutdown.nbd_errno(), proto::ESHUTDOWN);
+    }
+
+    #[test]
+    fn extent_flags() {
+        assert_eq!(
+            Extent::hole(1).flags(),
+            proto::STATE_HOLE | proto::STATE_ZERO
+        );
+        assert_eq!(Extent::zero(1).flags(), proto::STATE_ZERO);
+        assert_eq!(Extent::data(1).flags(), 0);
+    }
+}

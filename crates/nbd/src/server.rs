@@ -1,0 +1,394 @@
+//! [`Server`]: listening sockets (TCP, Unix, socket-activated), an accept
+//! loop, one thread per connection (handshake, then the transmission worker
+//! pool), a connection registry, and a clean shutdown that stops accepting,
+//! lets in-flight requests finish, closes the connections and returns.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::activation::{self, Activated};
+use crate::config::Config;
+use crate::export::ExportSet;
+use crate::handshake::{self, Ended};
+use crate::transmission::{self, Limits};
+use crate::transport::{Closer, Transport};
+
+/// How much of the socket we read per syscall in the request loop.
+const READ_BUFFER: usize = 128 * 1024;
+/// After the drain timeout, how long we wait for forcibly closed
+/// connections to wind down before returning anyway.
+const FORCE_GRACE: Duration = Duration::from_secs(2);
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, Option<PathBuf>),
+}
+
+impl Listener {
+    fn fd(&self) -> RawFd {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
+        }
+    }
+}
+
+struct Shared {
+    exports: Arc<dyn ExportSet>,
+    config: Config,
+    shutting_down: AtomicBool,
+    conns: Mutex<HashMap<u64, Closer>>,
+    changed: Condvar,
+    next_id: AtomicU64,
+    /// Write end of the pipe that wakes the accept loop.
+    wake: OwnedFd,
+}
+
+/// An NBD server over an [`ExportSet`].
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use flashpool_nbd::{Server, Config, StaticExports, MemExport};
+/// let mut set = StaticExports::new();
+/// set.add("default", "RAM disk", Arc::new(MemExport::new(1 << 30)));
+/// let mut server = Server::new(Arc::new(set), Config::default()).unwrap();
+/// server.listen_tcp("127.0.0.1:10809").unwrap();
+/// let stop = server.shutdown_handle(); // call stop.shutdown() from a signal thread
+/// server.run().unwrap(); // returns after shutdown, once connections drained
+/// ```
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<Listener>,
+    /// Read end of the wake pipe.
+    wake_rx: OwnedFd,
+}
+
+/// Asks a running [`Server`] to stop; cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Stop accepting, let in-flight requests finish, close connections;
+    /// [`Server::run`] returns once that is done. Idempotent.
+    pub fn shutdown(&self) {
+        if !self.0.shutting_down.swap(true, Ordering::SeqCst) {
+            // SAFETY: writing one byte from a valid buffer to a pipe fd we own.
+            unsafe { libc::write(self.0.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+        self.0.changed.notify_all();
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_shutting_down(&self) -> bool {
+        self.0.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+impl Server {
+    /// A server with no listeners yet.
+    pub fn new(exports: Arc<dyn ExportSet>, config: Config) -> io::Result<Server> {
+        let (rx, tx) = pipe()?;
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports,
+                config,
+                shutting_down: AtomicBool::new(false),
+                conns: Mutex::new(HashMap::new()),
+                changed: Condvar::new(),
+                next_id: AtomicU64::new(0),
+                wake: tx,
+            }),
+            listeners: Vec::new(),
+            wake_rx: rx,
+        })
+    }
+
+    /// Listen on a TCP address; returns the bound address (port 0 picks one).
+    pub fn listen_tcp<A: ToSocketAddrs>(&mut self, addr: A) -> io::Result<SocketAddr> {
+        let l = TcpListener::bind(addr)?;
+        let a = l.local_addr()?;
+        self.listeners.push(Listener::Tcp(l));
+        Ok(a)
+    }
+
+    /// Listen on a Unix socket at `path` (a stale socket file left by a dead
+    /// server is replaced; the file is removed when [`Server::run`] returns).
+    pub fn listen_unix<P: AsRef<Path>>(&mut self, path: P) -> io::Result<()> {
+        let path = path.as_ref();
+        if let Ok(md) = std::fs::symlink_metadata(path) {
+            let stale = md.file_type().is_socket()
+                && matches!(UnixStream::connect(path), Err(e) if e.kind() == io::ErrorKind::ConnectionRefused);
+            if !stale {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} exists", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let l = UnixListener::bind(path)?;
+        self.listeners
+            .push(Listener::Unix(l, Some(path.to_path_buf())));
+        Ok(())
+    }
+
+    /// Adopt listening sockets passed by systemd-style socket activation
+    /// (`LISTEN_PID`/`LISTEN_FDS`); returns how many there were.
+    pub fn listen_activated(&mut self) -> io::Result<usize> {
+        let got = activation::take_listen_fds()?;
+        let n = got.len();
+        for a in got {
+            self.listeners.push(match a {
+                Activated::Tcp(l) => Listener::Tcp(l),
+                Activated::Unix(l) => Listener::Unix(l, None),
+            });
+        }
+        Ok(n)
+    }
+
+    /// A handle that stops this server.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shared))
+    }
+
+    /// Number of connections being served right now.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.shared.conns).len()
+    }
+
+    /// Serve until [`ShutdownHandle::shutdown`], then drain and return.
+    pub fn run(self) -> io::Result<()> {
+        if self.listeners.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listeners"));
+        }
+        let result = self.accept_loop();
+        // Shutdown requested (or the accept loop failed): stop everything.
+        ShutdownHandle(Arc::clone(&self.shared)).shutdown();
+        self.drain();
+        for l in &self.listeners {
+            if let Listener::Unix(_, Some(p)) = l {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        result
+    }
+
+    /// Serve exactly one connection on standard input/output (`--stdio`);
+    /// returns when the client disconnects or after shutdown and drain.
+    pub fn run_stdio(self) -> io::Result<()> {
+        let t = Transport::stdio()?;
+        let shared = Arc::clone(&self.shared);
+        spawn_connection(&shared, t)?;
+        let mut conns = lock(&shared.conns);
+        while !conns.is_empty() && !shared.shutting_down.load(Ordering::SeqCst) {
+            conns = shared
+                .changed
+                .wait(conns)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(conns);
+        self.drain();
+        Ok(())
+    }
+
+    fn accept_loop(&self) -> io::Result<()> {
+        for l in &self.listeners {
+            set_nonblocking(l.fd(), true)?;
+        }
+        let mut pfds: Vec<libc::pollfd> = self
+            .listeners
+            .iter()
+            .map(|l| l.fd())
+            .chain(std::iter::once(self.wake_rx.as_raw_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !self.shared.shutting_down.load(Ordering::SeqCst) {
+            // SAFETY: `pfds` is a valid array of pollfd of the given length.
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for (i, l) in self.listeners.iter().enumerate() {
+                if pfds[i].revents == 0 {
+                    continue;
+                }
+                loop {
+                    let t = match l {
+                        Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+                            s.set_nonblocking(false)?;
+                            Transport::tcp(s)
+                        }),
+                        Listener::Unix(l, _) => l.accept().and_then(|(s, _)| {
+                            s.set_nonblocking(false)?;
+                            Transport::unix(s)
+                        }),
+                    };
+                    match t {
+                        Ok(t) => {
+                            if let Err(e) = spawn_connection(&self.shared, t) {
+                                tracing::warn!("cannot serve connection: {e}");
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            // ECONNABORTED, EMFILE, ...: keep serving others.
+                            tracing::warn!("accept failed: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Close the read side of every connection (in-flight requests still
+    /// get their replies), wait up to the drain timeout, then force.
+    fn drain(&self) {
+        let shared = &self.shared;
+        for c in lock(&shared.conns).values() {
+            c(Shutdown::Read);
+        }
+        let wait_empty = |limit: Duration| {
+            let deadline = Instant::now() + limit;
+            let mut conns = lock(&shared.conns);
+            while !conns.is_empty() {
+                let now = Instant::now();
+                if now >= deadline {
+                    return false;
+                }
+                conns = shared
+                    .changed
+                    .wait_timeout(conns, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            true
+        };
+        if !wait_empty(shared.config.drain_timeout) {
+            tracing::warn!("drain timeout: closing remaining connections");
+            for c in lock(&shared.conns).values() {
+                c(Shutdown::Both);
+            }
+            wait_empty(FORCE_GRACE);
+        }
+    }
+}
+
+fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl flag manipulation on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Register a connection and serve it on its own thread.
+fn spawn_connection(shared: &Arc<Shared>, t: Transport) -> io::Result<()> {
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut conns = lock(&shared.conns);
+        if conns.len() >= shared.config.max_connections {
+            tracing::warn!("connection limit reached, refusing {}", t.peer);
+            return Ok(()); // dropping `t` closes it
+        }
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        conns.insert(id, Arc::clone(&t.closer));
+    }
+    let sh = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name(format!("nbd-conn-{id}"))
+        .spawn(move || {
+            let peer = t.peer.clone();
+            tracing::debug!("connection {id} from {peer}");
+            serve_connection(&sh, t);
+            tracing::debug!("connection {id} from {peer} closed");
+            lock(&sh.conns).remove(&id);
+            sh.changed.notify_all();
+        });
+    if let Err(e) = spawned {
+        lock(&shared.conns).remove(&id);
+        shared.changed.notify_all();
+        return Err(e);
+    }
+    Ok(())
+}
+
+fn serve_connection(shared: &Shared, t: Transport) {
+    let Transport {
+        reader,
+        mut writer,
+        closer,
+        peer,
+    } = t;
+    let mut r = BufReader::with_capacity(READ_BUFFER, reader);
+    match handshake::negotiate(
+        &mut r,
+        &mut writer,
+        shared.exports.as_ref(),
+        &shared.shutting_down,
+    ) {
+        Ok(session) => {
+            tracing::debug!(
+                "{peer}: export '{}' size {} structured {} base:allocation {}",
+                session.name,
+                session.size,
+                session.structured,
+                session.base_allocation
+            );
+            let limits = Limits {
+                max_in_flight: shared.config.max_in_flight_per_connection,
+                max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
+            };
+            transmission::serve(r, writer, &session, limits, &*closer);
+        }
+        Err(Ended::ClientLeft) => {}
+        Err(Ended::Error(e)) => tracing::debug!("{peer}: handshake failed: {e}"),
+    }
+    closer(Shutdown::Both);
+}
