@@ -5,11 +5,32 @@
 //! Every chunk carries a self-describing header, so the pool's maps can be rebuilt from a
 //! checkpoint plus a roll-forward of the log after any crash. See docs/ARCHITECTURE.md and
 //! docs/FORMAT.md at the top of the repository.
+//!
+//! Modules, one job each: `drive` (the backend trait and its implementations), `codec`
+//! (erasure coding), `format` (on-disk encodings), `map` (block maps), `layout` (segments and
+//! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`
+//! (the paths through the pool), `volume` (the byte-level block API), `pool` (shared state and
+//! the public entry points), `stats` (counters).
 
 pub mod aligned;
+mod checkpoint;
 pub mod codec;
 pub mod drive;
 pub mod error;
 pub mod format;
+pub mod layout;
+pub mod map;
+mod pool;
+mod read;
+mod recovery;
+mod scan;
+pub mod stats;
+pub mod stripe;
+mod volume;
+mod write;
 
 pub use error::{Error, Result};
+pub use pool::{OpenOptions, Pool, PoolConfig, PoolInfo, MAX_STRIPE_BUFFERS};
+pub use recovery::read_superblock;
+pub use stats::StatsSnapshot;
+pub use volume::{BlockState, Extent, Volume, VolumeInfo};

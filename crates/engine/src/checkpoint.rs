@@ -1,0 +1,95 @@
+//! Taking a checkpoint: with writers held off, seal and write the open stripe, encode the
+//! pool's metadata (volumes, maps, segment states), write it as erasure-coded stripes of kind
+//! Checkpoint, flush, then point every drive's superblock at it.
+//!
+//! The previous checkpoint's segments stay reserved until the next one, so a crash at any
+//! point, even while superblocks are half rewritten, leaves a complete checkpoint to start from.
+
+use crate::error::{Error, Result};
+use crate::format::checkpoint::CheckpointWriter;
+use crate::format::header::StripeKind;
+use crate::format::superblock::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
+use crate::layout::{SegState, Stream};
+use crate::map::Entry;
+use crate::pool::Inner;
+use crate::stats::Stats;
+use std::collections::BTreeSet;
+
+impl Inner {
+    /// Writes a checkpoint of the whole pool state.
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        let _one_at_a_time = self.cp_lock.lock();
+        self.check_failed()?;
+        let mut w = self.writer.lock();
+        if let Some(o) = w.open.take() {
+            let s = self.seal(&mut w, o, Stream::Data);
+            self.write_stripe(s)?;
+        }
+        self.wait_written(w.next_seq - 1)?;
+
+        // Only the latest checkpoint's segments stay reserved; older ones are free again.
+        let current: Vec<u32> = self.sb.lock().checkpoint.segments.clone();
+        for (i, st) in w.segs.states.iter_mut().enumerate() {
+            if *st == SegState::Checkpoint && !current.contains(&(i as u32)) {
+                *st = SegState::Free;
+            }
+        }
+        let states: Vec<u8> = w.segs.states.iter().map(|s| *s as u8).collect();
+        let bytes = {
+            let t = self.volumes.read();
+            let mut cw = CheckpointWriter::new(t.next_id, &states, t.by_id.len() as u32);
+            let mut ids: Vec<&u32> = t.by_id.keys().collect();
+            ids.sort();
+            for id in ids {
+                let v = &t.by_id[id];
+                cw.volume(v.id, &v.name, v.size.load(std::sync::atomic::Ordering::Relaxed));
+                v.map.for_each_run(|lba, entries| {
+                    debug_assert!(
+                        entries.iter().all(|e| matches!(Entry::decode(*e), Some(Entry::Media { .. }))),
+                        "every stripe is written, so every mapped entry is on media"
+                    );
+                    cw.run(lba, entries)
+                });
+                cw.end_volume();
+            }
+            cw.finish()
+        };
+        let crc = crc32c::crc32c(&bytes);
+
+        let seq_start = w.next_seq;
+        let mut segments = BTreeSet::new();
+        let mut done = 0;
+        while done < bytes.len() {
+            let mut o = self.new_stripe(&mut w, Stream::Checkpoint, StripeKind::Checkpoint)?;
+            segments.insert(o.plan.segment);
+            done += o.append_bytes(&bytes[done..]);
+            let s = self.seal(&mut w, o, Stream::Checkpoint);
+            self.write_stripe(s)?;
+            if segments.len() > MAX_CHECKPOINT_SEGMENTS {
+                return Err(Error::invalid("checkpoint spans too many segments: use larger segments"));
+            }
+        }
+        let seq_end = w.next_seq - 1;
+        w.segs.close(Stream::Checkpoint);
+        self.wait_written(seq_end)?;
+        self.flush_drives()?;
+
+        let generation = {
+            let mut sb = self.sb.lock();
+            sb.generation += 1;
+            sb.checkpoint = CheckpointRef {
+                seq_start,
+                seq_end,
+                len: bytes.len() as u64,
+                crc,
+                segments: segments.into_iter().collect(),
+            };
+            sb.generation
+        };
+        self.write_superblocks_gen(generation)?;
+        w.bytes_since_cp = 0;
+        Stats::add(&self.stats.checkpoints, 1);
+        tracing::debug!(seq_start, seq_end, bytes = bytes.len(), "checkpoint written");
+        Ok(())
+    }
+}

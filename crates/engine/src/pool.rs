@@ -1,0 +1,440 @@
+//! The pool: N drives, one log, many thin volumes. This file holds the shared state and the
+//! public entry points; the write path, read path, recovery and checkpoints live in their own
+//! modules as further `impl Inner` blocks.
+
+use crate::aligned::AlignedBuf;
+use crate::codec::{codec_for, ErasureCode};
+use crate::drive::DriveRef;
+use crate::error::{Error, Result};
+use crate::format::header::MAX_NAME_LEN;
+use crate::format::superblock::{validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES};
+use crate::layout::SegmentTable;
+use crate::map::BlockMap;
+use crate::scan::StripeDesc;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
+use crate::volume::{Volume, VolumeInfo};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How to create a pool.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Data chunks per full stripe.
+    pub k: usize,
+    /// Parity chunks per stripe (0, 1 or 2; up to 4 supported).
+    pub m: usize,
+    /// Data bytes per chunk (4 KiB multiple, at most 2 MiB).
+    pub chunk_size: u32,
+    /// Bytes of each segment on each drive.
+    pub segment_size: u64,
+    /// Log bytes after which a checkpoint is taken (bounds recovery time).
+    pub checkpoint_interval: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig { k: 4, m: 1, chunk_size: 128 << 10, segment_size: 32 << 20, checkpoint_interval: 1 << 30 }
+    }
+}
+
+/// Runtime settings that are not part of the on-disk format.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Log bytes after which a checkpoint is taken.
+    pub checkpoint_interval: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { checkpoint_interval: PoolConfig::default().checkpoint_interval }
+    }
+}
+
+/// One member drive slot.
+pub(crate) struct DriveSlot {
+    pub drive: Option<DriveRef>,
+    pub failed: AtomicBool,
+}
+
+impl DriveSlot {
+    pub fn usable(&self) -> Option<&DriveRef> {
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.drive.as_ref()
+    }
+}
+
+/// A volume's in-memory state.
+pub(crate) struct VolumeState {
+    pub id: u32,
+    pub name: String,
+    pub size: AtomicU64,
+    pub map: BlockMap,
+    pub deleted: AtomicBool,
+}
+
+#[derive(Default)]
+pub(crate) struct VolumeTable {
+    pub by_id: HashMap<u32, Arc<VolumeState>>,
+    pub by_name: BTreeMap<String, u32>,
+    pub next_id: u32,
+}
+
+/// Everything the writer lock protects.
+pub(crate) struct WriterState {
+    pub open: Option<OpenStripe>,
+    pub next_seq: u64,
+    pub segs: SegmentTable,
+    pub bytes_since_cp: u64,
+}
+
+/// Stripes not yet on the drives, and the first write failure, for flush to wait on.
+#[derive(Default)]
+pub(crate) struct Completion {
+    pub inflight: BTreeSet<u64>,
+    pub error: Option<String>,
+}
+
+pub(crate) struct SbState {
+    pub generation: u64,
+    pub checkpoint: CheckpointRef,
+    pub members: Vec<[u8; 16]>,
+}
+
+/// The pool's shared state.
+pub(crate) struct Inner {
+    pub uuid: [u8; 16],
+    pub geo: Geometry,
+    pub shape: StripeShape,
+    pub drives: Vec<DriveSlot>,
+    pub codec: Box<dyn ErasureCode>,
+    pub volumes: RwLock<VolumeTable>,
+    pub writer: Mutex<WriterState>,
+    pub inflight: RwLock<HashMap<u64, Arc<StripeBuf>>>,
+    pub done: Mutex<Completion>,
+    pub done_cv: Condvar,
+    pub free_bufs: Mutex<Vec<AlignedBuf>>,
+    pub buf_cv: Condvar,
+    pub buffers_made: AtomicU64,
+    pub max_buffers: u64,
+    pub live: Vec<AtomicU64>,
+    pub stats: Stats,
+    pub sb: Mutex<SbState>,
+    pub block_locks: Vec<Mutex<()>>,
+    pub cp_lock: Mutex<()>,
+    pub seg_index: Mutex<HashMap<u32, Arc<Vec<StripeDesc>>>>,
+    pub checkpoint_interval: u64,
+    pub closed: AtomicBool,
+}
+
+/// Most stripe buffers in memory at once: the bound on data accepted but not yet written.
+pub const MAX_STRIPE_BUFFERS: u64 = 8;
+
+/// A storage pool.
+pub struct Pool {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Pool-wide facts for `flashpool status` and metrics.
+#[derive(Clone, Debug)]
+pub struct PoolInfo {
+    pub uuid: String,
+    pub k: usize,
+    pub m: usize,
+    pub drive_count: usize,
+    pub healthy_drives: usize,
+    pub chunk_size: u32,
+    pub segment_size: u64,
+    pub segment_count: u32,
+    pub free_segments: usize,
+    /// Bytes of data the pool can hold when every segment is used at full width.
+    pub capacity_bytes: u64,
+    /// Bytes of live (mapped) data.
+    pub live_bytes: u64,
+}
+
+impl Inner {
+    pub(crate) fn new(uuid: [u8; 16], geo: Geometry, drives: Vec<DriveSlot>, sb: SbState, checkpoint_interval: u64) -> Result<Self> {
+        let shape = StripeShape::new(geo.k as usize, geo.m as usize, geo.chunk_size as usize);
+        if shape.chunk_need() * 4 > geo.segment_size {
+            return Err(Error::invalid(format!(
+                "segment size {} too small for chunks of {} bytes",
+                geo.segment_size, geo.chunk_size
+            )));
+        }
+        let nseg = geo.segment_count as usize;
+        let mut segs = SegmentTable::new(&geo);
+        segs.set_reserve(checkpoint_reserve(&geo, &shape));
+        Ok(Inner {
+            uuid,
+            codec: codec_for(geo.m as usize)?,
+            shape,
+            drives,
+            volumes: RwLock::new(VolumeTable { next_id: 1, ..Default::default() }),
+            writer: Mutex::new(WriterState { open: None, next_seq: 1, segs, bytes_since_cp: 0 }),
+            inflight: RwLock::new(HashMap::new()),
+            done: Mutex::new(Completion::default()),
+            done_cv: Condvar::new(),
+            free_bufs: Mutex::new(Vec::new()),
+            buf_cv: Condvar::new(),
+            buffers_made: AtomicU64::new(0),
+            max_buffers: MAX_STRIPE_BUFFERS,
+            live: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
+            stats: Stats::default(),
+            sb: Mutex::new(sb),
+            block_locks: (0..256).map(|_| Mutex::new(())).collect(),
+            cp_lock: Mutex::new(()),
+            seg_index: Mutex::new(HashMap::new()),
+            checkpoint_interval,
+            closed: AtomicBool::new(false),
+            geo,
+        })
+    }
+
+    /// Health of every drive slot, for placement.
+    pub(crate) fn healthy(&self) -> Vec<bool> {
+        self.drives.iter().map(|d| d.usable().is_some()).collect()
+    }
+
+    /// Takes a free stripe buffer, waiting while `MAX_STRIPE_BUFFERS` are in use.
+    pub(crate) fn take_buffer(&self) -> AlignedBuf {
+        let mut free = self.free_bufs.lock();
+        loop {
+            if let Some(b) = free.pop() {
+                return b;
+            }
+            if self.buffers_made.load(Ordering::Relaxed) < self.max_buffers {
+                self.buffers_made.fetch_add(1, Ordering::Relaxed);
+                return AlignedBuf::zeroed(self.shape.buffer_len());
+            }
+            self.buf_cv.wait(&mut free);
+        }
+    }
+
+    pub(crate) fn return_buffer(&self, b: AlignedBuf) {
+        self.free_bufs.lock().push(b);
+        self.buf_cv.notify_one();
+    }
+
+    /// Fails when an earlier write failure made the pool read-only.
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        match &self.done.lock().error {
+            Some(e) => Err(Error::Failed(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks a drive failed after an I/O error.
+    pub(crate) fn fail_drive(&self, d: usize, err: &std::io::Error) {
+        if !self.drives[d].failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(drive = d, error = %err, "drive failed; pool continues degraded");
+        }
+    }
+
+    pub(crate) fn volume_by_id(&self, id: u32) -> Option<Arc<VolumeState>> {
+        self.volumes.read().by_id.get(&id).cloned()
+    }
+}
+
+/// Free segments kept so a full checkpoint of a full pool always fits.
+fn checkpoint_reserve(geo: &Geometry, shape: &StripeShape) -> usize {
+    let capacity = geo.segment_count as u64 * geo.segment_size * geo.k as u64;
+    // Worst case 24 bytes per mapped 4 KiB block plus segment states.
+    let cp_bytes = capacity / 4096 * 24 / ((geo.k + geo.m) as u64).max(1) + geo.segment_count as u64 + (1 << 16);
+    let per_seg = (geo.segment_size / shape.chunk_need()).max(1) * shape.chunk_size as u64 * geo.k as u64;
+    (cp_bytes.div_ceil(per_seg) as usize + 1).min(geo.segment_count as usize / 2)
+}
+
+fn new_uuid() -> [u8; 16] {
+    *uuid::Uuid::new_v4().as_bytes()
+}
+
+impl Pool {
+    /// Creates a new pool on `drives`, overwriting whatever they held.
+    pub fn create(drives: Vec<DriveRef>, cfg: &PoolConfig) -> Result<Pool> {
+        let n = drives.len();
+        if n == 0 || n > MAX_DRIVES {
+            return Err(Error::invalid(format!("{n} drives: a pool has 1 to {MAX_DRIVES}")));
+        }
+        if cfg.k == 0 || cfg.k + cfg.m > n {
+            return Err(Error::invalid(format!("protection {}+{} needs at least {} drives, got {n}", cfg.k, cfg.m, cfg.k + cfg.m)));
+        }
+        if cfg.m > 4 {
+            return Err(Error::invalid(format!("parity count {} (0 to 4)", cfg.m)));
+        }
+        let drive_size = drives.iter().map(|d| d.info().size).min().unwrap_or(0);
+        if drive_size < DATA_START + cfg.segment_size * 4 {
+            return Err(Error::invalid(format!(
+                "drives of {drive_size} bytes are too small: need at least {} for segments of {}",
+                DATA_START + cfg.segment_size * 4,
+                cfg.segment_size
+            )));
+        }
+        let geo = Geometry {
+            k: cfg.k as u8,
+            m: cfg.m as u8,
+            drive_count: n as u16,
+            chunk_size: cfg.chunk_size,
+            segment_size: cfg.segment_size,
+            segment_count: ((drive_size - DATA_START) / cfg.segment_size) as u32,
+            drive_size,
+        };
+        validate_geometry(&geo).map_err(|e| Error::invalid(e.to_string()))?;
+        let uuid = new_uuid();
+        let members: Vec<[u8; 16]> = (0..n).map(|_| new_uuid()).collect();
+        let sb = SbState { generation: 1, checkpoint: CheckpointRef::default(), members };
+        let slots = drives.into_iter().map(|d| DriveSlot { drive: Some(d), failed: AtomicBool::new(false) }).collect();
+        let inner = Inner::new(uuid, geo, slots, sb, cfg.checkpoint_interval)?;
+        // Both slots: generation 0 and 1, so no stale superblock of an older pool survives.
+        inner.write_superblocks_gen(0)?;
+        inner.write_superblocks_gen(1)?;
+        Ok(Pool { inner: Arc::new(inner) })
+    }
+
+    /// Opens an existing pool from its drives (in any order; up to m may be missing).
+    pub fn open(drives: Vec<DriveRef>) -> Result<Pool> {
+        Self::open_with(drives, &OpenOptions::default())
+    }
+
+    /// Opens an existing pool with runtime options.
+    pub fn open_with(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Pool> {
+        let inner = crate::recovery::recover(drives, opts)?;
+        Ok(Pool { inner: Arc::new(inner) })
+    }
+
+    /// Creates a thin volume of `size` bytes (a multiple of 4096... any size; the last
+    /// partial block is usable up to `size`).
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        let info = self.inner.log_volume_create(name, size)?;
+        self.flush()?;
+        Ok(info)
+    }
+
+    /// Deletes a volume and frees its blocks.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.inner.log_volume_delete(name)?;
+        self.flush()
+    }
+
+    /// Grows or shrinks a volume; shrinking discards the blocks past the new end.
+    pub fn resize_volume(&self, name: &str, size: u64) -> Result<()> {
+        self.inner.log_volume_resize(name, size)?;
+        self.flush()
+    }
+
+    /// Every volume, by name.
+    pub fn volumes(&self) -> Vec<VolumeInfo> {
+        let t = self.inner.volumes.read();
+        t.by_name.values().map(|id| VolumeInfo::of(&t.by_id[id])).collect()
+    }
+
+    /// A handle to the volume `name`.
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        let t = self.inner.volumes.read();
+        let id = t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+        Ok(Volume::new(self.inner.clone(), t.by_id[id].clone()))
+    }
+
+    /// Makes every completed write durable on all drives.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    /// Writes a checkpoint now (bounds the next recovery's roll-forward).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.checkpoint()
+    }
+
+    /// Flushes, checkpoints and stops accepting I/O.
+    pub fn close(self) -> Result<()> {
+        self.inner.flush()?;
+        self.inner.checkpoint()?;
+        self.inner.closed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The pool's counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// Geometry, health and space.
+    pub fn info(&self) -> PoolInfo {
+        let i = &self.inner;
+        let g = &i.geo;
+        let free = i.writer.lock().segs.free_count();
+        PoolInfo {
+            uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
+            k: g.k as usize,
+            m: g.m as usize,
+            drive_count: g.drive_count as usize,
+            healthy_drives: i.healthy().iter().filter(|h| **h).count(),
+            chunk_size: g.chunk_size,
+            segment_size: g.segment_size,
+            segment_count: g.segment_count,
+            free_segments: free,
+            capacity_bytes: g.segment_count as u64 * g.segment_size * g.k as u64,
+            live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
+        }
+    }
+
+    /// Marks drive `index` failed (for tests and `flashpool drive fail`): the pool continues
+    /// degraded.
+    pub fn fail_drive(&self, index: usize) -> Result<()> {
+        if index >= self.inner.drives.len() {
+            return Err(Error::NotFound(format!("drive {index}")));
+        }
+        self.inner.fail_drive(index, &std::io::Error::other("failed by request"));
+        Ok(())
+    }
+}
+
+/// Volume names: 1 to 255 bytes of letters, digits, '-', '_', '.'.
+pub(crate) fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !ok {
+        return Err(Error::invalid(format!(
+            "volume name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+impl Inner {
+    /// Writes this generation's superblock to every usable drive and flushes them.
+    pub(crate) fn write_superblocks_gen(&self, generation: u64) -> Result<()> {
+        let sbs = self.sb.lock();
+        let mut ok = 0;
+        for (i, slot) in self.drives.iter().enumerate() {
+            let Some(d) = slot.usable() else { continue };
+            let sb = Superblock {
+                pool_uuid: self.uuid,
+                drive_index: i as u16,
+                members: sbs.members.clone(),
+                geometry: self.geo.clone(),
+                generation,
+                checkpoint: sbs.checkpoint.clone(),
+            };
+            let mut b = AlignedBuf::zeroed(4096);
+            b.copy_from_slice(&sb.encode());
+            match d.write_at(Superblock::slot_offset(generation), &b).and_then(|_| d.flush()) {
+                Ok(()) => {
+                    ok += 1;
+                    Stats::add(&self.stats.media_metadata_bytes, 4096);
+                }
+                Err(e) => self.fail_drive(i, &e),
+            }
+        }
+        if ok == 0 || self.drives.len() - ok > self.geo.m as usize {
+            return Err(Error::Unavailable(format!("superblock written to only {ok} drives")));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! The read path: map lookup, then the stripe buffer (data not yet on the drives) or one drive
+//! read checked against the CRC tag in the map entry; on a drive error or a tag mismatch, the
+//! block is rebuilt from the rest of its stripe, every chunk checked against its CRC32C.
+
+use crate::error::{Error, Result};
+use crate::format::BLOCK;
+use crate::map::Entry;
+use crate::pool::{Inner, VolumeState};
+use crate::scan::StripeDesc;
+use crate::stats::Stats;
+
+impl Inner {
+    /// Reads one 4 KiB block into `out`; returns true when it came from a drive.
+    pub(crate) fn read_block(&self, vol: &VolumeState, lba: u64, out: &mut [u8]) -> Result<bool> {
+        debug_assert_eq!(out.len(), BLOCK);
+        // A buffered entry whose stripe just completed is retried; bounded so a bug cannot spin.
+        for _ in 0..100_000 {
+            let raw = vol.map.get(lba);
+            match Entry::decode(raw) {
+                None => return Err(Error::corrupt(format!("map entry {raw:#x} of block {lba}"))),
+                Some(Entry::Unmapped) => {
+                    out.fill(0);
+                    return Ok(false);
+                }
+                Some(Entry::Buffered { seq, offset, len }) => {
+                    if len as usize != BLOCK {
+                        return Err(Error::corrupt("compressed blocks are not supported by this build"));
+                    }
+                    let buf = self.inflight.read().get(&seq).cloned();
+                    if let Some(b) = buf {
+                        let g = b.data.read();
+                        if let Some(data) = g.as_ref() {
+                            out.copy_from_slice(&data[offset as usize..offset as usize + BLOCK]);
+                            return Ok(false);
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                Some(Entry::Media { drive, offset, len, tag }) => {
+                    if len as usize != BLOCK {
+                        return Err(Error::corrupt("compressed blocks are not supported by this build"));
+                    }
+                    self.read_media(drive as usize, offset, tag, out)?;
+                    return Ok(true);
+                }
+            }
+        }
+        Err(Error::Failed(format!("block {lba} stayed in a stripe buffer that no longer exists")))
+    }
+
+    fn read_media(&self, d: usize, offset: u64, tag: u8, out: &mut [u8]) -> Result<()> {
+        if let Some(drive) = self.drives.get(d).and_then(|s| s.usable()) {
+            match drive.read_at(offset, out) {
+                Ok(()) => {
+                    Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
+                    if crc32c::crc32c(out) as u8 == tag {
+                        return Ok(());
+                    }
+                    Stats::add(&self.stats.crc_errors, 1);
+                    tracing::warn!(drive = d, offset, "block CRC mismatch; reconstructing");
+                }
+                Err(e) => {
+                    Stats::add(&self.stats.read_errors, 1);
+                    tracing::warn!(drive = d, offset, error = %e, "read error; reconstructing");
+                }
+            }
+        }
+        let (desc, j) = self.find_stripe(d, offset)?;
+        let shards = self.read_stripe(&desc, Some(d))?;
+        let at = (offset - desc.chunks[j].data_offset()) as usize;
+        out.copy_from_slice(&shards[j][at..at + BLOCK]);
+        if crc32c::crc32c(out) as u8 != tag {
+            return Err(Error::Unavailable(format!("block at drive {d} offset {offset} fails its CRC after reconstruction")));
+        }
+        Stats::add(&self.stats.degraded_reads, 1);
+        Ok(())
+    }
+
+    /// Reads a stripe's chunks (each zero-extended to the parity length), treating read
+    /// errors, CRC mismatches and the drive `avoid` as erasures, and rebuilds the data chunks.
+    /// Returns all w + m shards.
+    pub(crate) fn read_stripe(&self, s: &StripeDesc, avoid: Option<usize>) -> Result<Vec<Vec<u8>>> {
+        let l = s.parity_len;
+        let n = if s.w == 0 { 0 } else { s.w + s.m };
+        let mut shards: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut present = Vec::with_capacity(n);
+        for c in &s.chunks[..n] {
+            let mut buf = vec![0u8; l];
+            let d = c.drive as usize;
+            let ok = match self.drives.get(d).and_then(|x| x.usable()) {
+                Some(drive) if Some(d) != avoid => match drive.read_at(c.data_offset(), &mut buf[..c.len as usize]) {
+                    Ok(()) => {
+                        Stats::add(&self.stats.media_read_bytes, c.len as u64);
+                        let good = crc32c::crc32c(&buf[..c.len as usize]) == c.crc;
+                        if !good {
+                            Stats::add(&self.stats.crc_errors, 1);
+                        }
+                        good
+                    }
+                    Err(_) => {
+                        Stats::add(&self.stats.read_errors, 1);
+                        false
+                    }
+                },
+                _ => false,
+            };
+            shards.push(buf);
+            present.push(ok);
+        }
+        let lost: Vec<usize> = (0..n).filter(|&i| !present[i]).collect();
+        if lost.iter().any(|&i| i < s.w) {
+            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|v| v.as_mut_slice()).collect();
+            self.codec.reconstruct(&mut refs, &present)?;
+            for &i in &lost {
+                let c = &s.chunks[i];
+                if i < s.w && crc32c::crc32c(&shards[i][..c.len as usize]) != c.crc {
+                    return Err(Error::Unavailable(format!("stripe {} chunk {i} fails its CRC after reconstruction", s.seq)));
+                }
+            }
+            Stats::add(&self.stats.reconstructed_chunks, lost.len() as u64);
+        }
+        Ok(shards)
+    }
+}

@@ -1,0 +1,297 @@
+//! Opening a pool: read the superblocks, load the latest checkpoint, roll the log forward, then
+//! write a fresh checkpoint.
+//!
+//! Roll-forward scans the segments that were free or open at checkpoint time for stripes
+//! newer than the checkpoint and applies them in sequence order. It stops at the first missing
+//! or unreadable stripe: every stripe before a completed flush is complete, so what is cut off
+//! was never flushed, and each of its blocks reads as its previous contents.
+
+use crate::aligned::AlignedBuf;
+use crate::drive::DriveRef;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::CheckpointImage;
+use crate::format::header::{Record, StripeKind};
+use crate::format::superblock::Superblock;
+use crate::format::BLOCK;
+use crate::layout::{SegState, SegmentTable};
+use crate::map::Entry;
+use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState};
+use crate::scan::StripeDesc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Reads a drive's newest valid superblock of its two slots.
+pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
+    let mut errs = Vec::new();
+    let mut best: Option<Superblock> = None;
+    for slot in 0..2u64 {
+        let mut b = AlignedBuf::zeroed(BLOCK);
+        match d.read_at(slot * BLOCK as u64, &mut b).map_err(Error::from).and_then(|_| Superblock::decode(&b)) {
+            Ok(sb) => {
+                if best.as_ref().is_none_or(|x| sb.generation > x.generation) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => errs.push(format!("slot {slot}: {e}")),
+        }
+    }
+    best.ok_or_else(|| Error::corrupt(format!("{}: {}", d.info().identity, errs.join("; "))))
+}
+
+pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner> {
+    let mut found: Vec<(Superblock, DriveRef)> = Vec::new();
+    let mut bad = Vec::new();
+    for d in drives {
+        match read_superblock(&d) {
+            Ok(sb) => found.push((sb, d)),
+            Err(e) => bad.push(e.to_string()),
+        }
+    }
+    let Some(newest) = found.iter().map(|(s, _)| s).max_by_key(|s| s.generation).cloned() else {
+        return Err(Error::corrupt(format!("no valid flashpool superblock on any drive ({})", bad.join("; "))));
+    };
+    let geo = newest.geometry.clone();
+    let mut slots: Vec<Option<DriveRef>> = vec![None; geo.drive_count as usize];
+    for (sb, d) in found {
+        let who = d.info().identity;
+        if sb.pool_uuid != newest.pool_uuid {
+            return Err(Error::corrupt(format!("{who} belongs to another pool")));
+        }
+        if sb.geometry != geo || sb.members != newest.members {
+            return Err(Error::corrupt(format!("{who} disagrees with the other drives on the pool's geometry")));
+        }
+        if d.info().size < geo.drive_size {
+            return Err(Error::corrupt(format!("{who} is smaller than the pool's drive size")));
+        }
+        let i = sb.drive_index as usize;
+        if slots[i].is_some() {
+            return Err(Error::corrupt(format!("two drives claim index {i}")));
+        }
+        slots[i] = Some(d);
+    }
+    let missing = slots.iter().filter(|s| s.is_none()).count();
+    if missing > geo.m as usize {
+        return Err(Error::Unavailable(format!(
+            "{missing} of {} drives missing or unreadable, parity covers {}{}",
+            geo.drive_count,
+            geo.m,
+            if bad.is_empty() { String::new() } else { format!(" ({})", bad.join("; ")) }
+        )));
+    }
+    for (i, s) in slots.iter().enumerate() {
+        if s.is_none() {
+            tracing::warn!(drive = i, "drive missing; opening degraded");
+        }
+    }
+    let drive_slots = slots.into_iter().map(|d| DriveSlot { drive: d, failed: AtomicBool::new(false) }).collect();
+    let sb = SbState { generation: newest.generation, checkpoint: newest.checkpoint.clone(), members: newest.members.clone() };
+    let inner = Inner::new(newest.pool_uuid, geo, drive_slots, sb, opts.checkpoint_interval)?;
+    let started = std::time::Instant::now();
+    inner.load_checkpoint()?;
+    let replayed = inner.roll_forward()?;
+    inner.recount_live();
+    inner.checkpoint()?;
+    tracing::info!(replayed, elapsed_ms = started.elapsed().as_millis() as u64, "pool opened");
+    Ok(inner)
+}
+
+impl Inner {
+    fn load_checkpoint(&self) -> Result<()> {
+        let cp = self.sb.lock().checkpoint.clone();
+        let mut w = self.writer.lock();
+        if cp.len == 0 {
+            return Ok(());
+        }
+        let mut stripes: BTreeMap<u64, StripeDesc> = BTreeMap::new();
+        for &s in &cp.segments {
+            for (seq, d) in self.scan_segment(s, false) {
+                if d.kind == StripeKind::Checkpoint && (cp.seq_start..=cp.seq_end).contains(&seq) {
+                    stripes.insert(seq, d);
+                }
+            }
+        }
+        if stripes.len() as u64 != cp.seq_end - cp.seq_start + 1 {
+            return Err(Error::corrupt(format!(
+                "checkpoint stripes {}..={}: found {} of them",
+                cp.seq_start,
+                cp.seq_end,
+                stripes.len()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(cp.len as usize);
+        for d in stripes.values() {
+            let shards = self.read_stripe(d, None).map_err(|e| Error::corrupt(format!("checkpoint stripe {}: {e}", d.seq)))?;
+            for (j, c) in d.chunks[..d.w].iter().enumerate() {
+                bytes.extend_from_slice(&shards[j][..c.len as usize]);
+            }
+        }
+        if (bytes.len() as u64) < cp.len {
+            return Err(Error::corrupt("checkpoint shorter than its superblock says"));
+        }
+        bytes.truncate(cp.len as usize);
+        if crc32c::crc32c(&bytes) != cp.crc {
+            return Err(Error::corrupt("checkpoint checksum mismatch"));
+        }
+        let img = CheckpointImage::decode(&bytes)?;
+        if img.segment_states.len() != self.geo.segment_count as usize {
+            return Err(Error::corrupt("checkpoint segment table does not match the geometry"));
+        }
+        for (i, st) in img.segment_states.iter().enumerate() {
+            w.segs.states[i] = SegState::from_u8(*st)?;
+        }
+        for &s in &cp.segments {
+            w.segs.states[s as usize] = SegState::Checkpoint;
+        }
+        let mut t = self.volumes.write();
+        t.next_id = img.next_volume_id;
+        for v in img.volumes {
+            crate::pool::validate_name(&v.name).map_err(|e| Error::corrupt(e.to_string()))?;
+            if v.id >= img.next_volume_id || t.by_id.contains_key(&v.id) || t.by_name.contains_key(&v.name) {
+                return Err(Error::corrupt(format!("checkpoint volume {} ({:?}) is a duplicate", v.id, v.name)));
+            }
+            let state = VolumeState::new(v.id, &v.name, v.size);
+            let blocks = v.size.div_ceil(BLOCK as u64);
+            for (lba, entries) in v.runs {
+                for (i, e) in entries.into_iter().enumerate() {
+                    let l = lba + i as u64;
+                    self.check_media_entry(e, l, blocks)?;
+                    state.map.swap(l, e);
+                }
+            }
+            t.by_name.insert(v.name.clone(), v.id);
+            t.by_id.insert(v.id, Arc::new(state));
+        }
+        Ok(())
+    }
+
+    fn check_media_entry(&self, e: u64, lba: u64, blocks: u64) -> Result<()> {
+        let ok = match Entry::decode(e) {
+            Some(Entry::Media { drive, offset, len, .. }) => {
+                (drive as u16) < self.geo.drive_count
+                    && lba < blocks
+                    && offset + len as u64 <= self.geo.drive_size
+                    && (SegmentTable::segment_of(&self.geo, offset) as usize) < self.live.len()
+            }
+            _ => false,
+        };
+        if ok { Ok(()) } else { Err(Error::corrupt(format!("checkpoint map entry {e:#x} for block {lba}"))) }
+    }
+
+    /// Applies every complete stripe after the checkpoint, in order; returns how many.
+    fn roll_forward(&self) -> Result<u64> {
+        let cp_end = self.sb.lock().checkpoint.seq_end;
+        let mut w = self.writer.lock();
+        let scan: Vec<u32> = (0..self.geo.segment_count)
+            .filter(|&s| matches!(w.segs.states[s as usize], SegState::Free | SegState::Open))
+            .collect();
+        let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
+        for s in scan {
+            for (seq, d) in self.scan_segment(s, true) {
+                if seq > cp_end {
+                    match log.get_mut(&seq) {
+                        Some(prev) if prev.records.is_none() => prev.records = d.records,
+                        Some(_) => {}
+                        None => {
+                            log.insert(seq, d);
+                        }
+                    }
+                }
+            }
+        }
+        let max_seen = log.keys().next_back().copied().unwrap_or(0).max(cp_end);
+        let mut expected = cp_end + 1;
+        let mut applied = 0;
+        for (seq, d) in &log {
+            if *seq != expected {
+                tracing::info!(seq = expected, "log ends: stripe missing");
+                break;
+            }
+            if d.kind == StripeKind::Checkpoint {
+                // An unfinished checkpoint: its space is free again.
+                expected += 1;
+                continue;
+            }
+            let Some(records) = &d.records else {
+                tracing::info!(seq, "log ends: no readable copy of the stripe's records");
+                break;
+            };
+            if d.w > 0 {
+                if let Err(e) = self.read_stripe(d, None) {
+                    tracing::info!(seq, error = %e, "log ends: stripe incomplete");
+                    break;
+                }
+            }
+            self.apply_records(d, records)?;
+            w.segs.states[d.segment as usize] = SegState::Used;
+            expected += 1;
+            applied += 1;
+        }
+        // Never append after a crash point: open segments are closed as they are.
+        for st in w.segs.states.iter_mut() {
+            if *st == SegState::Open {
+                *st = SegState::Used;
+            }
+        }
+        w.next_seq = max_seen + 1;
+        Ok(applied)
+    }
+
+    fn apply_records(&self, d: &StripeDesc, records: &[Record]) -> Result<()> {
+        let mut t = self.volumes.write();
+        for r in records {
+            match r {
+                Record::Write { vol, lba, chunk, offset, len, crc, .. } => {
+                    let Some(v) = t.by_id.get(vol) else { continue };
+                    let c = d.chunks.get(*chunk as usize).filter(|_| (*chunk as usize) < d.w);
+                    let Some(c) = c else { return Err(Error::corrupt(format!("stripe {} record names chunk {chunk}", d.seq))) };
+                    if *offset as u64 + *len as u64 > c.len as u64 {
+                        return Err(Error::corrupt(format!("stripe {} record past its chunk", d.seq)));
+                    }
+                    if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
+                        let e = Entry::Media { drive: c.drive as u8, offset: c.data_offset() + *offset as u64, len: *len as u32, tag: *crc as u8 };
+                        v.map.swap(*lba, e.encode());
+                    }
+                }
+                Record::Trim { vol, lba, count } => {
+                    if let Some(v) = t.by_id.get(vol) {
+                        v.map.clear_range(*lba, *count, |_| {});
+                    }
+                }
+                Record::VolumeCreate { vol, size, name } => {
+                    if !t.by_id.contains_key(vol) && !t.by_name.contains_key(name) {
+                        t.by_name.insert(name.clone(), *vol);
+                        t.by_id.insert(*vol, Arc::new(VolumeState::new(*vol, name, *size)));
+                    }
+                    t.next_id = t.next_id.max(vol + 1);
+                }
+                Record::VolumeDelete { vol } => {
+                    if let Some(v) = t.by_id.remove(vol) {
+                        t.by_name.remove(&v.name);
+                    }
+                }
+                Record::VolumeResize { vol, size } => {
+                    if let Some(v) = t.by_id.get(vol) {
+                        v.resize(*size, |_| {});
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes every segment's live bytes from the maps.
+    fn recount_live(&self) {
+        let t = self.volumes.read();
+        for v in t.by_id.values() {
+            v.map.for_each_run(|_, entries| {
+                for e in entries {
+                    if let Some(Entry::Media { offset, len, .. }) = Entry::decode(*e) {
+                        let s = SegmentTable::segment_of(&self.geo, offset) as usize;
+                        self.live[s].fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    }
+}

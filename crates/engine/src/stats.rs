@@ -1,0 +1,104 @@
+//! Pool counters: what the host asked for, what the media paid, and what went wrong.
+//!
+//! Hot-path counters are relaxed atomics; `Stats::snapshot` gives a consistent-enough copy
+//! with the derived amplification figures.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters.
+        #[derive(Default, Debug)]
+        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+
+        /// A copy of the counters at one moment.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot { $($(#[$doc])* pub $name: u64,)* }
+
+        impl Stats {
+            /// Copies every counter.
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Relaxed),)* }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// (name, value) of every counter, for printing and metrics.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Bytes the host wrote (write calls, not trims).
+    host_write_bytes,
+    /// Bytes the host read.
+    host_read_bytes,
+    /// Bytes of volume data written to drives.
+    media_data_bytes,
+    /// Bytes of parity written to drives.
+    media_parity_bytes,
+    /// Bytes of metadata written to drives: chunk headers, checkpoints, superblocks.
+    media_metadata_bytes,
+    /// Bytes written only to fill alignment (zero today: chunks are written at their length).
+    media_padding_bytes,
+    /// Bytes read from drives for any reason.
+    media_read_bytes,
+    /// Bytes read from drives to complete a host write of whole blocks: always 0, since
+    /// parity is computed from the open stripe in memory (no read-modify-write exists).
+    write_preread_bytes,
+    /// Bytes read to merge a sub-4 KiB or unaligned host write into its block.
+    unaligned_merge_read_bytes,
+    /// Stripes written.
+    stripes_written,
+    /// Stripes written at full width.
+    full_stripes,
+    /// Stripes written narrower than full width (by a flush) or metadata-only.
+    partial_stripes,
+    /// Flushes completed.
+    flushes,
+    /// Checkpoints completed.
+    checkpoints,
+    /// Host reads served by reconstruction from the rest of a stripe.
+    degraded_reads,
+    /// Chunks or blocks whose CRC32C did not match, treated as erasures.
+    crc_errors,
+    /// Drive read errors treated as erasures.
+    read_errors,
+    /// Drive write errors.
+    write_errors,
+    /// Chunks rebuilt by erasure decoding.
+    reconstructed_chunks,
+}
+
+impl Stats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+}
+
+impl StatsSnapshot {
+    /// Media bytes written of every kind.
+    pub fn media_write_bytes(&self) -> u64 {
+        self.media_data_bytes + self.media_parity_bytes + self.media_metadata_bytes + self.media_padding_bytes
+    }
+
+    /// Write amplification: media bytes written per host byte written.
+    pub fn write_amplification(&self) -> f64 {
+        if self.host_write_bytes == 0 {
+            return 0.0;
+        }
+        self.media_write_bytes() as f64 / self.host_write_bytes as f64
+    }
+
+    /// I/O amplification: media bytes moved (written and read) per host byte moved.
+    pub fn io_amplification(&self) -> f64 {
+        let host = self.host_write_bytes + self.host_read_bytes;
+        if host == 0 {
+            return 0.0;
+        }
+        (self.media_write_bytes() + self.media_read_bytes) as f64 / host as f64
+    }
+}

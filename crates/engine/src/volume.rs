@@ -1,0 +1,221 @@
+//! A thin volume and its block API: byte-granular read, write, trim and write-zeroes on top of
+//! the pool's whole-block operations.
+//!
+//! Unaligned and sub-4 KiB writes are merged into their block under a per-block lock (read the
+//! block, patch the bytes, append the whole block), so concurrent small writes to different
+//! bytes of one block never lose each other. Unaligned trims zero the partial blocks at their
+//! edges and unmap the whole blocks between.
+
+use crate::error::{Error, Result};
+use crate::format::BLOCK;
+use crate::map::{BlockMap, Entry};
+use crate::pool::{Inner, VolumeState};
+use crate::stats::Stats;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const B: u64 = BLOCK as u64;
+
+impl VolumeState {
+    pub(crate) fn new(id: u32, name: &str, size: u64) -> Self {
+        VolumeState {
+            id,
+            name: name.to_owned(),
+            size: AtomicU64::new(size),
+            map: BlockMap::new(size.div_ceil(B)),
+            deleted: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn resize(&self, size: u64, released: impl FnMut(u64)) {
+        self.map.resize(size.div_ceil(B), released);
+        self.size.store(size, Ordering::SeqCst);
+    }
+}
+
+/// A volume's name, id and size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: u32,
+    pub name: String,
+    pub size: u64,
+    /// Bytes of RAM its block map uses.
+    pub map_bytes: u64,
+}
+
+impl VolumeInfo {
+    pub(crate) fn of(v: &VolumeState) -> Self {
+        VolumeInfo { id: v.id, name: v.name.clone(), size: v.size.load(Ordering::Relaxed), map_bytes: v.map.memory_bytes() as u64 }
+    }
+}
+
+/// What a range of a volume holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Written data.
+    Data,
+    /// Never written or trimmed: reads as zeros and takes no space.
+    Hole,
+}
+
+/// A run of bytes in one state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    pub state: BlockState,
+}
+
+/// A handle to one volume; cheap to clone and safe to use from many threads.
+#[derive(Clone)]
+pub struct Volume {
+    pool: Arc<Inner>,
+    vol: Arc<VolumeState>,
+}
+
+impl Volume {
+    pub(crate) fn new(pool: Arc<Inner>, vol: Arc<VolumeState>) -> Self {
+        Volume { pool, vol }
+    }
+
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        &self.vol.name
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.vol.size.load(Ordering::Relaxed)
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if self.vol.deleted.load(Ordering::Relaxed) {
+            return Err(Error::NotFound(format!("volume {:?} was deleted", self.vol.name)));
+        }
+        if self.pool.closed.load(Ordering::Relaxed) {
+            return Err(Error::Failed("pool is closed".into()));
+        }
+        let size = self.size();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange { offset, len, size });
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let mut done = 0usize;
+        let mut tmp = [0u8; BLOCK];
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let (lba, at) = (pos / B, (pos % B) as usize);
+            let n = (BLOCK - at).min(buf.len() - done);
+            if at == 0 && n == BLOCK {
+                self.pool.read_block(&self.vol, lba, &mut buf[done..done + BLOCK])?;
+            } else {
+                self.pool.read_block(&self.vol, lba, &mut tmp)?;
+                buf[done..done + n].copy_from_slice(&tmp[at..at + n]);
+            }
+            done += n;
+        }
+        Stats::add(&self.pool.stats.host_read_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`. Completes before it is durable: see [`Volume::flush`].
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let (lba, at) = (pos / B, (pos % B) as usize);
+            let n = (BLOCK - at).min(data.len() - done);
+            if at == 0 && n == BLOCK {
+                self.pool.write_block(&self.vol, lba, &data[done..done + BLOCK], B)?;
+            } else {
+                self.merge_block(lba, at, &data[done..done + n])?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Read-merge-write of part of one block, under that block's lock.
+    fn merge_block(&self, lba: u64, at: usize, bytes: &[u8]) -> Result<()> {
+        let lock = &self.pool.block_locks[(lba as usize ^ self.vol.id as usize) % self.pool.block_locks.len()];
+        let _g = lock.lock();
+        let mut block = [0u8; BLOCK];
+        if self.pool.read_block(&self.vol, lba, &mut block)? {
+            Stats::add(&self.pool.stats.unaligned_merge_read_bytes, B);
+        }
+        block[at..at + bytes.len()].copy_from_slice(bytes);
+        self.pool.write_block(&self.vol, lba, &block, bytes.len() as u64)
+    }
+
+    /// Writes `data` and returns once it, and every write completed before, is durable.
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
+
+    /// Makes every write completed before this call durable (on every volume of the pool).
+    pub fn flush(&self) -> Result<()> {
+        self.pool.flush()
+    }
+
+    /// Unmaps `[offset, offset + len)`: reads return zeros and the space is freed. Partial
+    /// blocks at the edges are zeroed in place.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        let end = offset + len;
+        let first_full = offset.div_ceil(B);
+        let last_full = end / B;
+        if first_full >= last_full {
+            // Within one block, or spanning two partial blocks.
+            return self.zero_bytes(offset, end);
+        }
+        self.zero_bytes(offset, first_full * B)?;
+        self.pool.trim_blocks(&self.vol, first_full, last_full - first_full)?;
+        self.zero_bytes(last_full * B, end)
+    }
+
+    fn zero_bytes(&self, from: u64, to: u64) -> Result<()> {
+        let zeros = [0u8; BLOCK];
+        let mut pos = from;
+        while pos < to {
+            let n = (B - pos % B).min(to - pos);
+            self.write(pos, &zeros[..n as usize])?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros. A thin log-structured pool stores no
+    /// zero blocks, so this is a trim: it frees the space as well.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.trim(offset, len)
+    }
+
+    /// Which parts of `[offset, offset + len)` hold data and which are holes, at 4 KiB
+    /// granularity, as runs that cover the range exactly.
+    pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.check(offset, len)?;
+        let mut out: Vec<Extent> = Vec::new();
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let lba = pos / B;
+            let n = (B - pos % B).min(end - pos);
+            let state = match Entry::decode(self.vol.map.get(lba)) {
+                Some(Entry::Unmapped) | None => BlockState::Hole,
+                _ => BlockState::Data,
+            };
+            match out.last_mut() {
+                Some(e) if e.state == state => e.length += n,
+                _ => out.push(Extent { length: n, state }),
+            }
+            pos += n;
+        }
+        Ok(out)
+    }
+}

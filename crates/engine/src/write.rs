@@ -1,0 +1,303 @@
+//! The write path: append to the open stripe under the writer lock, seal when full, encode
+//! and write the sealed stripe outside the lock, then point the map at the media.
+//!
+//! Only the append (a memcpy and a map swap) holds the writer lock; parity, CRCs and drive
+//! writes of a sealed stripe run on the calling thread in parallel with other appends. A
+//! flush seals whatever the open stripe holds (a narrower stripe, never padded), waits for
+//! every earlier stripe, then flushes the drives.
+
+use crate::error::{Error, Result};
+use crate::format::header::{Record, StripeKind};
+use crate::layout::{SegmentTable, Stream};
+use crate::map::{Entry, SEQ_MASK};
+use crate::pool::{Inner, VolumeState, WriterState};
+use crate::stats::Stats;
+use crate::stripe::{OpenStripe, SealedStripe, StripeBuf};
+use crate::volume::VolumeInfo;
+use parking_lot::RwLock;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Inner {
+    /// Opens a stripe in `stream`: reserves its place and a buffer, and assigns its sequence.
+    pub(crate) fn new_stripe(&self, w: &mut WriterState, stream: Stream, kind: StripeKind) -> Result<OpenStripe> {
+        let plan = w.segs.plan(stream, &self.healthy(), self.shape.chunk_need(), w.next_seq)?;
+        let buf = self.take_buffer();
+        let seq = w.next_seq;
+        w.next_seq += 1;
+        let sb = Arc::new(StripeBuf { seq, data: RwLock::new(Some(buf)) });
+        self.inflight.write().insert(seq & SEQ_MASK, sb.clone());
+        self.done.lock().inflight.insert(seq);
+        Ok(OpenStripe::new(seq, kind, plan, sb, self.shape))
+    }
+
+    /// Fixes an open stripe's shape and advances the stream's fill pointers past it.
+    pub(crate) fn seal(&self, w: &mut WriterState, open: OpenStripe, stream: Stream) -> SealedStripe {
+        let sealed = open.seal(self.uuid);
+        for c in &sealed.chunks {
+            w.segs.advance(stream, c.drive, c.end());
+        }
+        w.bytes_since_cp += sealed.chunks.iter().map(|c| c.end() - c.offset).sum::<u64>();
+        sealed
+    }
+
+    /// Encodes and writes a sealed stripe, then publishes its blocks' media locations.
+    pub(crate) fn write_stripe(&self, mut s: SealedStripe) -> Result<()> {
+        let writes = match s.encode(&*self.codec) {
+            Ok(w) => w,
+            Err(e) => {
+                self.record_failure(format!("encoding stripe {}: {e}", s.seq));
+                self.complete(&s);
+                return Err(e);
+            }
+        };
+        let mut lost = 0;
+        {
+            let guard = s.buf.data.read();
+            let buf = guard.as_ref().expect("sealed stripe owns its buffer");
+            for cw in &writes {
+                let d = cw.drive as usize;
+                let res = match self.drives[d].usable() {
+                    Some(drive) => drive.write_at(cw.offset, &buf[cw.pos..cw.pos + cw.len]),
+                    None => Err(std::io::Error::other("drive failed")),
+                };
+                match res {
+                    Ok(()) => {
+                        let st = &self.stats;
+                        Stats::add(&st.media_metadata_bytes, cw.hdr as u64);
+                        let body = (cw.len - cw.hdr) as u64;
+                        if s.kind == StripeKind::Checkpoint {
+                            Stats::add(&st.media_metadata_bytes, body);
+                        } else if cw.parity {
+                            Stats::add(&st.media_parity_bytes, body);
+                        } else {
+                            Stats::add(&st.media_data_bytes, body);
+                        }
+                    }
+                    Err(e) => {
+                        lost += 1;
+                        if self.drives[d].drive.is_some() && !self.drives[d].failed.load(Ordering::Relaxed) {
+                            Stats::add(&self.stats.write_errors, 1);
+                        }
+                        self.fail_drive(d, &e);
+                    }
+                }
+            }
+        }
+        let tolerated = if s.w == 0 { s.chunks.len() - 1 } else { s.m };
+        let st = &self.stats;
+        Stats::add(&st.stripes_written, 1);
+        Stats::add(if s.w == self.geo.k as usize { &st.full_stripes } else { &st.partial_stripes }, 1);
+        let result = if lost > tolerated {
+            let msg = format!("stripe {} lost {lost} chunks on write, parity covers {tolerated}", s.seq);
+            self.record_failure(msg.clone());
+            Err(Error::Failed(msg))
+        } else {
+            Ok(())
+        };
+        self.complete(&s);
+        result
+    }
+
+    fn record_failure(&self, msg: String) {
+        tracing::error!("{msg}; pool is now read-only");
+        let mut d = self.done.lock();
+        d.error.get_or_insert(msg);
+    }
+
+    /// Points the map at the media for every block of `s` not overwritten since, releases
+    /// the buffer and wakes flushes.
+    fn complete(&self, s: &SealedStripe) {
+        let mut vol: Option<Arc<VolumeState>> = None;
+        for rec in &s.records {
+            let Record::Write { vol: vid, lba, chunk, offset, len, crc, .. } = *rec else { continue };
+            if vol.as_ref().is_none_or(|v| v.id != vid) {
+                vol = self.volume_by_id(vid);
+            }
+            let Some(v) = &vol else { continue };
+            let c = &s.chunks[chunk as usize];
+            let buffered = Entry::Buffered { seq: s.seq, offset: (s.data_pos(chunk as usize) + offset as usize) as u32, len: len as u32 };
+            let media = Entry::Media { drive: c.drive as u8, offset: c.data_offset() + offset as u64, len: len as u32, tag: crc as u8 };
+            if v.map.compare_exchange(lba, buffered.encode(), media.encode()) {
+                self.live[s.segment as usize].fetch_add(len as u64, Ordering::Relaxed);
+            }
+        }
+        self.inflight.write().remove(&(s.seq & SEQ_MASK));
+        if let Some(b) = s.buf.data.write().take() {
+            self.return_buffer(b);
+        }
+        let mut d = self.done.lock();
+        d.inflight.remove(&s.seq);
+        drop(d);
+        self.done_cv.notify_all();
+    }
+
+    /// Gives back the space of a map entry that was replaced.
+    pub(crate) fn release(&self, old: u64) {
+        if let Some(Entry::Media { offset, len, .. }) = Entry::decode(old) {
+            let seg = SegmentTable::segment_of(&self.geo, offset) as usize;
+            let prev = self.live[seg].fetch_sub(len as u64, Ordering::Relaxed);
+            debug_assert!(prev >= len as u64, "live bytes of segment {seg} underflow");
+        }
+    }
+
+    /// Runs `step` against the open data stripe under the writer lock, sealing and retrying
+    /// when `step` says the stripe has no room (returns `Ok(None)`).
+    pub(crate) fn logged<T>(&self, mut step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>) -> Result<T> {
+        loop {
+            let mut w = self.writer.lock();
+            self.check_failed()?;
+            if w.open.is_none() {
+                let o = self.new_stripe(&mut w, Stream::Data, StripeKind::Data)?;
+                w.open = Some(o);
+            }
+            let open = w.open.as_mut().expect("open stripe exists");
+            let done = step(open)?;
+            let full = open.is_full() || done.is_none();
+            let sealed = if full {
+                let o = w.open.take().expect("open stripe exists");
+                Some(self.seal(&mut w, o, Stream::Data))
+            } else {
+                None
+            };
+            let want_cp = w.bytes_since_cp >= self.checkpoint_interval;
+            drop(w);
+            if let Some(s) = sealed {
+                self.write_stripe(s)?;
+                if want_cp {
+                    self.checkpoint()?;
+                }
+            }
+            if let Some(v) = done {
+                return Ok(v);
+            }
+        }
+    }
+
+    /// Appends one whole block of a volume.
+    /// `host_bytes` is how much of it the host wrote (less for a merged partial block).
+    pub(crate) fn write_block(&self, vol: &VolumeState, lba: u64, data: &[u8], host_bytes: u64) -> Result<()> {
+        let crc = crc32c::crc32c(data);
+        self.logged(|open| {
+            if vol.deleted.load(Ordering::Relaxed) {
+                return Err(Error::NotFound(format!("volume {:?} was deleted", vol.name)));
+            }
+            let Some(pos) = open.append_block(vol.id, lba, data, crc) else { return Ok(None) };
+            let new = Entry::Buffered { seq: open.seq, offset: pos, len: data.len() as u32 };
+            let old = vol.map.swap(lba, new.encode());
+            self.release(old);
+            Ok(Some(()))
+        })?;
+        Stats::add(&self.stats.host_write_bytes, host_bytes);
+        Ok(())
+    }
+
+    /// Unmaps blocks `[lba, lba + count)` of a volume, logging a trim record.
+    pub(crate) fn trim_blocks(&self, vol: &VolumeState, lba: u64, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.logged(|open| {
+            if vol.deleted.load(Ordering::Relaxed) {
+                return Err(Error::NotFound(format!("volume {:?} was deleted", vol.name)));
+            }
+            if !open.push_record(Record::Trim { vol: vol.id, lba, count }) {
+                return Ok(None);
+            }
+            vol.map.clear_range(lba, count, |old| self.release(old));
+            Ok(Some(()))
+        })
+    }
+
+    pub(crate) fn log_volume_create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.logged(|open| {
+            let mut t = self.volumes.write();
+            if t.by_name.contains_key(name) {
+                return Err(Error::AlreadyExists(format!("volume {name:?}")));
+            }
+            let id = t.next_id;
+            if !open.push_record(Record::VolumeCreate { vol: id, size, name: name.to_owned() }) {
+                return Ok(None);
+            }
+            t.next_id += 1;
+            let v = Arc::new(VolumeState::new(id, name, size));
+            let info = VolumeInfo::of(&v);
+            t.by_name.insert(name.to_owned(), id);
+            t.by_id.insert(id, v);
+            Ok(Some(info))
+        })
+    }
+
+    pub(crate) fn log_volume_delete(&self, name: &str) -> Result<()> {
+        self.logged(|open| {
+            let mut t = self.volumes.write();
+            let id = *t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            if !open.push_record(Record::VolumeDelete { vol: id }) {
+                return Ok(None);
+            }
+            t.by_name.remove(name);
+            let v = t.by_id.remove(&id).expect("volume tables agree");
+            v.deleted.store(true, Ordering::SeqCst);
+            v.map.clear_range(0, u64::MAX / 2, |old| self.release(old));
+            Ok(Some(()))
+        })
+    }
+
+    pub(crate) fn log_volume_resize(&self, name: &str, size: u64) -> Result<()> {
+        self.logged(|open| {
+            let t = self.volumes.read();
+            let id = *t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            if !open.push_record(Record::VolumeResize { vol: id, size }) {
+                return Ok(None);
+            }
+            t.by_id[&id].resize(size, |old| self.release(old));
+            Ok(Some(()))
+        })
+    }
+
+    /// Waits until every stripe with a sequence number up to `target` is on the drives.
+    pub(crate) fn wait_written(&self, target: u64) -> Result<()> {
+        let mut d = self.done.lock();
+        while d.inflight.first().is_some_and(|&s| s <= target) {
+            self.done_cv.wait(&mut d);
+        }
+        match &d.error {
+            Some(e) => Err(Error::Failed(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes every usable drive; fails when more drives fail than parity covers.
+    pub(crate) fn flush_drives(&self) -> Result<()> {
+        for (i, slot) in self.drives.iter().enumerate() {
+            if let Some(d) = slot.usable() {
+                if let Err(e) = d.flush() {
+                    Stats::add(&self.stats.write_errors, 1);
+                    self.fail_drive(i, &e);
+                }
+            }
+        }
+        let down = self.drives.iter().filter(|d| d.usable().is_none()).count();
+        if down > self.geo.m as usize {
+            return Err(Error::Unavailable(format!("{down} drives down, parity covers {}", self.geo.m)));
+        }
+        Ok(())
+    }
+
+    /// Makes every write completed before this call durable.
+    pub(crate) fn flush(&self) -> Result<()> {
+        self.check_failed()?;
+        let (target, sealed) = {
+            let mut w = self.writer.lock();
+            let sealed = w.open.take().map(|o| self.seal(&mut w, o, Stream::Data));
+            (w.next_seq - 1, sealed)
+        };
+        if let Some(s) = sealed {
+            self.write_stripe(s)?;
+        }
+        self.wait_written(target)?;
+        self.flush_drives()?;
+        Stats::add(&self.stats.flushes, 1);
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! Basic behaviour of the pool's block API: round trips, holes, ranges, volumes, reopen.
+
+mod common;
+
+use common::*;
+use flashpool_engine::{BlockState, Error, Pool};
+
+#[test]
+fn write_read_flush_reopen_every_protection_level() {
+    for (k, m) in [(4, 0), (4, 1), (3, 2)] {
+        let drives = mem_drives(5, false);
+        let pool = Pool::create(as_refs(&drives), &small_config(k, m)).unwrap();
+        let v = pool.create_volume("v", 8 << 20).unwrap();
+        assert_eq!(v.size, 8 << 20);
+        let vol = pool.volume("v").unwrap();
+        for i in 0..600u64 {
+            vol.write((i * 7 % 2048) * 4096, &block_for(i)).unwrap();
+        }
+        let mut b = vec![0u8; 4096];
+        vol.read(599 * 7 % 2048 * 4096, &mut b).unwrap();
+        assert_eq!(b, block_for(599));
+        vol.read(1 << 20, &mut b).ok();
+        pool.flush().unwrap();
+        pool.close().unwrap();
+        let pool = Pool::open(as_refs(&drives)).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let mut expect = std::collections::HashMap::new();
+        for i in 0..600u64 {
+            expect.insert(i * 7 % 2048, i);
+        }
+        for (lba, stamp) in &expect {
+            vol.read(lba * 4096, &mut b).unwrap();
+            assert!(b == block_for(*stamp), "k={k} m={m} lba={lba}");
+        }
+        let s = pool.stats();
+        assert_eq!(s.write_preread_bytes, 0);
+    }
+}
+
+#[test]
+fn unaligned_io_holes_and_ranges() {
+    let drives = mem_drives(5, false);
+    let pool = Pool::create(as_refs(&drives), &small_config(4, 1)).unwrap();
+    pool.create_volume("v", 1 << 20).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let data: Vec<u8> = (0..10000u32).map(|i| (i % 251) as u8).collect();
+    vol.write(1234, &data).unwrap();
+    let mut r = vec![0u8; 12000];
+    vol.read(1000, &mut r).unwrap();
+    assert!(r[..234].iter().all(|&x| x == 0));
+    assert!(r[234..10234] == data[..]);
+    assert!(r[10234..].iter().all(|&x| x == 0));
+    vol.trim(2000, 5000).unwrap();
+    vol.read(1000, &mut r).unwrap();
+    assert!(r[234..1000] == data[..766]);
+    assert!(r[1000..6000].iter().all(|&x| x == 0));
+    assert!(r[6000..10234] == data[5766..]);
+    let ext = vol.block_status(0, 1 << 20).unwrap();
+    assert_eq!(ext.iter().map(|e| e.length).sum::<u64>(), 1 << 20);
+    assert_eq!(ext[0].state, BlockState::Data);
+    assert!(matches!(vol.read((1 << 20) - 10, &mut r[..11]), Err(Error::OutOfRange { .. })));
+    assert!(matches!(vol.write(u64::MAX - 3, &r[..11]), Err(Error::OutOfRange { .. })));
+    assert!(matches!(pool.create_volume("v", 10), Err(Error::AlreadyExists(_))));
+    assert!(matches!(pool.create_volume("bad name", 10), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn volumes_create_resize_delete_survive_reopen() {
+    let drives = mem_drives(4, false);
+    let pool = Pool::create(as_refs(&drives), &small_config(2, 1)).unwrap();
+    pool.create_volume("a", 1 << 20).unwrap();
+    pool.create_volume("b", 1 << 20).unwrap();
+    pool.volume("a").unwrap().write(0, &block_for(1)).unwrap();
+    pool.volume("b").unwrap().write(4096, &block_for(2)).unwrap();
+    pool.resize_volume("a", 2 << 20).unwrap();
+    pool.delete_volume("b").unwrap();
+    pool.create_volume("c", 4096).unwrap();
+    // No close: a crash after the last flush.
+    drop(pool);
+    let pool = Pool::open(as_refs(&drives)).unwrap();
+    let names: Vec<_> = pool.volumes().into_iter().map(|v| (v.name, v.size)).collect();
+    assert_eq!(names, vec![("a".into(), 2 << 20), ("c".into(), 4096)]);
+    let mut b = vec![0u8; 4096];
+    pool.volume("a").unwrap().read(0, &mut b).unwrap();
+    assert_eq!(b, block_for(1));
+    assert!(pool.volume("b").is_err());
+}

@@ -1,0 +1,42 @@
+//! Shared helpers of the engine's integration tests: small pools on memory or file drives.
+#![allow(dead_code)]
+
+use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
+use flashpool_engine::PoolConfig;
+use std::sync::Arc;
+
+pub const DRIVE_SIZE: u64 = 24 << 20;
+
+/// A small geometry that exercises segment rollover quickly.
+pub fn small_config(k: usize, m: usize) -> PoolConfig {
+    PoolConfig { k, m, chunk_size: 16 << 10, segment_size: 1 << 20, checkpoint_interval: 4 << 20 }
+}
+
+pub fn mem_drives(n: usize, tracked: bool) -> Vec<Arc<MemDrive>> {
+    (0..n)
+        .map(|i| Arc::new(if tracked { MemDrive::tracked(DRIVE_SIZE, format!("mem:{i}")) } else { MemDrive::new(DRIVE_SIZE, format!("mem:{i}")) }))
+        .collect()
+}
+
+pub fn as_refs<T: flashpool_engine::drive::Drive + 'static>(v: &[Arc<T>]) -> Vec<DriveRef> {
+    v.iter().map(|d| d.clone() as DriveRef).collect()
+}
+
+pub fn file_drives(dir: &std::path::Path, n: usize) -> Vec<DriveRef> {
+    (0..n)
+        .map(|i| Arc::new(FileDrive::create(&dir.join(format!("d{i}.img")), DRIVE_SIZE).unwrap()) as DriveRef)
+        .collect()
+}
+
+pub fn reopen_files(dir: &std::path::Path, n: usize) -> Vec<DriveRef> {
+    (0..n).map(|i| Arc::new(FileDrive::open(&dir.join(format!("d{i}.img"))).unwrap()) as DriveRef).collect()
+}
+
+/// A 4 KiB block whose every 8 bytes name the write that made it.
+pub fn block_for(stamp: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    for (i, c) in b.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&(stamp ^ ((i as u64) << 48)).to_le_bytes());
+    }
+    b
+}
