@@ -22,7 +22,10 @@ impl AlignedBuf {
     /// Allocates `len` zeroed bytes (a zero length gives an empty buffer).
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return AlignedBuf { ptr: NonNull::dangling(), len: 0 };
+            return AlignedBuf {
+                ptr: NonNull::dangling(),
+                len: 0,
+            };
         }
         let layout = Self::layout(len);
         // SAFETY: layout has a non-zero size.
@@ -86,7 +89,7 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// True when `p` is aligned to [`ALIGN`].
 pub fn is_aligned(p: *const u8) -> bool {
-    (p as usize) % ALIGN == 0
+    (p as usize).is_multiple_of(ALIGN)
 }
 
 #[cfg(test)]

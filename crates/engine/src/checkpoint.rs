@@ -42,10 +42,16 @@ impl Inner {
             ids.sort();
             for id in ids {
                 let v = &t.by_id[id];
-                cw.volume(v.id, &v.name, v.size.load(std::sync::atomic::Ordering::Relaxed));
+                cw.volume(
+                    v.id,
+                    &v.name,
+                    v.size.load(std::sync::atomic::Ordering::Relaxed),
+                );
                 v.map.for_each_run(|lba, entries| {
                     debug_assert!(
-                        entries.iter().all(|e| matches!(Entry::decode(*e), Some(Entry::Media { .. }))),
+                        entries
+                            .iter()
+                            .all(|e| matches!(Entry::decode(*e), Some(Entry::Media { .. }))),
                         "every stripe is written, so every mapped entry is on media"
                     );
                     cw.run(lba, entries)
@@ -66,7 +72,9 @@ impl Inner {
             let s = self.seal(&mut w, o, Stream::Checkpoint);
             self.write_stripe(s)?;
             if segments.len() > MAX_CHECKPOINT_SEGMENTS {
-                return Err(Error::invalid("checkpoint spans too many segments: use larger segments"));
+                return Err(Error::invalid(
+                    "checkpoint spans too many segments: use larger segments",
+                ));
             }
         }
         let seq_end = w.next_seq - 1;
@@ -89,7 +97,12 @@ impl Inner {
         self.write_superblocks_gen(generation)?;
         w.bytes_since_cp = 0;
         Stats::add(&self.stats.checkpoints, 1);
-        tracing::debug!(seq_start, seq_end, bytes = bytes.len(), "checkpoint written");
+        tracing::debug!(
+            seq_start,
+            seq_end,
+            bytes = bytes.len(),
+            "checkpoint written"
+        );
         Ok(())
     }
 }

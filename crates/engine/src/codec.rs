@@ -33,12 +33,16 @@ pub fn codec_for(m: usize) -> Result<Box<dyn ErasureCode>> {
         0 => Ok(Box::new(NoParity)),
         1 => Ok(Box::new(XorParity)),
         2..=4 => Ok(Box::new(ReedSolomonCode::new(m))),
-        _ => Err(Error::invalid(format!("unsupported parity count m={m} (0 to 4)"))),
+        _ => Err(Error::invalid(format!(
+            "unsupported parity count m={m} (0 to 4)"
+        ))),
     }
 }
 
 fn too_many_lost(missing: usize, m: usize) -> Error {
-    Error::Unavailable(format!("{missing} chunks of a stripe lost, parity covers {m}"))
+    Error::Unavailable(format!(
+        "{missing} chunks of a stripe lost, parity covers {m}"
+    ))
 }
 
 /// No protection: nothing to compute, nothing to rebuild.
@@ -111,12 +115,18 @@ pub struct ReedSolomonCode {
 impl ReedSolomonCode {
     /// A codec for `m` parity chunks and any data width up to `MAX_STRIPE_CHUNKS - m`.
     pub fn new(m: usize) -> Self {
-        ReedSolomonCode { m, by_width: (0..=MAX_STRIPE_CHUNKS).map(|_| OnceLock::new()).collect() }
+        ReedSolomonCode {
+            m,
+            by_width: (0..=MAX_STRIPE_CHUNKS).map(|_| OnceLock::new()).collect(),
+        }
     }
 
     fn rs(&self, w: usize) -> Result<&ReedSolomon> {
         if w == 0 || w + self.m > MAX_STRIPE_CHUNKS {
-            return Err(Error::invalid(format!("stripe width {w}+{} out of range", self.m)));
+            return Err(Error::invalid(format!(
+                "stripe width {w}+{} out of range",
+                self.m
+            )));
         }
         Ok(self.by_width[w].get_or_init(|| ReedSolomon::new(w, self.m).expect("valid width")))
     }
@@ -132,7 +142,9 @@ impl ErasureCode for ReedSolomonCode {
     }
 
     fn encode(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
-        self.rs(data.len())?.encode_sep(data, parity).map_err(rs_err)
+        self.rs(data.len())?
+            .encode_sep(data, parity)
+            .map_err(rs_err)
     }
 
     fn reconstruct(&self, shards: &mut [&mut [u8]], present: &[bool]) -> Result<()> {
@@ -144,8 +156,11 @@ impl ErasureCode for ReedSolomonCode {
             return Err(too_many_lost(missing, self.m));
         }
         let rs = self.rs(shards.len() - self.m)?;
-        let mut pairs: Vec<(&mut [u8], bool)> =
-            shards.iter_mut().zip(present).map(|(s, &p)| (&mut **s, p)).collect();
+        let mut pairs: Vec<(&mut [u8], bool)> = shards
+            .iter_mut()
+            .zip(present)
+            .map(|(s, &p)| (&mut **s, p))
+            .collect();
         rs.reconstruct(&mut pairs).map_err(rs_err)
     }
 }
@@ -156,7 +171,11 @@ mod tests {
 
     fn pattern(n: usize, len: usize, seed: u8) -> Vec<Vec<u8>> {
         (0..n)
-            .map(|i| (0..len).map(|j| (j as u8).wrapping_mul(31) ^ (i as u8) ^ seed).collect())
+            .map(|i| {
+                (0..len)
+                    .map(|j| (j as u8).wrapping_mul(31) ^ (i as u8) ^ seed)
+                    .collect()
+            })
             .collect()
     }
 
@@ -212,7 +231,8 @@ mod tests {
                     let mut p1 = vec![vec![0u8; len]; m];
                     let mut p2 = vec![vec![0u8; len]; m];
                     {
-                        let mut pr: Vec<&mut [u8]> = p1.iter_mut().map(|v| v.as_mut_slice()).collect();
+                        let mut pr: Vec<&mut [u8]> =
+                            p1.iter_mut().map(|v| v.as_mut_slice()).collect();
                         ours.encode(&d, &mut pr).unwrap();
                     }
                     let other = rusty_erasure::coder(
@@ -220,7 +240,8 @@ mod tests {
                     )
                     .unwrap();
                     {
-                        let mut pr: Vec<&mut [u8]> = p2.iter_mut().map(|v| v.as_mut_slice()).collect();
+                        let mut pr: Vec<&mut [u8]> =
+                            p2.iter_mut().map(|v| v.as_mut_slice()).collect();
                         other.encode(&d, &mut pr).unwrap();
                     }
                     assert_eq!(p1, p2, "parity differs for w={w} m={m} len={len}");
@@ -233,7 +254,7 @@ mod tests {
     #[test]
     fn xor_parity_is_xor() {
         let data = pattern(3, 64, 5);
-        let mut p = vec![0u8; 64];
+        let mut p = [0u8; 64];
         let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         XorParity.encode(&d, &mut [&mut p[..]]).unwrap();
         for i in 0..64 {

@@ -76,7 +76,10 @@ impl SegmentTable {
     /// A table with every segment free.
     pub fn new(geo: &Geometry) -> Self {
         let n = geo.segment_count as usize;
-        let cursor = || Cursor { segment: None, fill: vec![0; geo.drive_count as usize] };
+        let cursor = || Cursor {
+            segment: None,
+            fill: vec![0; geo.drive_count as usize],
+        };
         SegmentTable {
             geo: geo.clone(),
             states: vec![SegState::Free; n],
@@ -125,7 +128,11 @@ impl SegmentTable {
         if stream == Stream::Data && free <= self.reserve {
             return Err(Error::NoSpace);
         }
-        let s = self.states.iter().position(|s| *s == SegState::Free).ok_or(Error::NoSpace)? as u32;
+        let s = self
+            .states
+            .iter()
+            .position(|s| *s == SegState::Free)
+            .ok_or(Error::NoSpace)? as u32;
         self.close(stream);
         self.states[s as usize] = SegState::Open;
         let c = &mut self.cursors[stream as usize];
@@ -136,12 +143,21 @@ impl SegmentTable {
 
     /// Reserves room for a stripe of up to `k` data chunks + `m` parity chunks, each needing
     /// at most `need` bytes, on healthy drives only.
-    pub fn plan(&mut self, stream: Stream, healthy: &[bool], need: u64, seq: u64) -> Result<StripePlan> {
+    pub fn plan(
+        &mut self,
+        stream: Stream,
+        healthy: &[bool],
+        need: u64,
+        seq: u64,
+    ) -> Result<StripePlan> {
         let (k, m) = (self.geo.k as usize, self.geo.m as usize);
         let n = self.geo.drive_count as usize;
         let up = healthy.iter().filter(|h| **h).count();
         if up < m + 1 {
-            return Err(Error::Unavailable(format!("{up} healthy drives, need at least {}", m + 1)));
+            return Err(Error::Unavailable(format!(
+                "{up} healthy drives, need at least {}",
+                m + 1
+            )));
         }
         let w_max = k.min(up - m);
         let width = w_max + m;
@@ -149,8 +165,9 @@ impl SegmentTable {
         for attempt in 0..2 {
             let c = &self.cursors[stream as usize];
             if let Some(seg) = c.segment {
-                let mut cands: Vec<usize> =
-                    (0..n).filter(|&d| healthy[d] && c.fill[d] + need <= z).collect();
+                let mut cands: Vec<usize> = (0..n)
+                    .filter(|&d| healthy[d] && c.fill[d] + need <= z)
+                    .collect();
                 if cands.len() >= width {
                     let rot = (seq % n as u64) as usize;
                     cands.sort_by_key(|&d| (c.fill[d], (d + n - rot) % n));
@@ -168,15 +185,22 @@ impl SegmentTable {
                 self.open_new(stream)?;
             }
         }
-        Err(Error::invalid(format!("a stripe needing {need} bytes per chunk does not fit a segment")))
+        Err(Error::invalid(format!(
+            "a stripe needing {need} bytes per chunk does not fit a segment"
+        )))
     }
 
     /// Records that `drive` now has data up to byte offset `end` in `stream`'s segment.
     pub fn advance(&mut self, stream: Stream, drive: u16, end: u64) {
-        let seg = self.cursors[stream as usize].segment.expect("advance without an open segment");
+        let seg = self.cursors[stream as usize]
+            .segment
+            .expect("advance without an open segment");
         let fill = end - Self::segment_base(&self.geo, seg);
         let f = &mut self.cursors[stream as usize].fill[drive as usize];
-        debug_assert!(fill >= *f && fill <= self.geo.segment_size, "fill moves forward inside the segment");
+        debug_assert!(
+            fill >= *f && fill <= self.geo.segment_size,
+            "fill moves forward inside the segment"
+        );
         *f = fill;
     }
 }
@@ -186,7 +210,15 @@ mod tests {
     use super::*;
 
     fn geo() -> Geometry {
-        Geometry { k: 2, m: 1, drive_count: 4, chunk_size: 16384, segment_size: 1 << 20, segment_count: 3, drive_size: 8 << 20 }
+        Geometry {
+            k: 2,
+            m: 1,
+            drive_count: 4,
+            chunk_size: 16384,
+            segment_size: 1 << 20,
+            segment_count: 3,
+            drive_size: 8 << 20,
+        }
     }
 
     #[test]
@@ -209,7 +241,11 @@ mod tests {
         let mut err = None;
         for seq in 9..1000 {
             match t.plan(Stream::Data, &healthy, 20480, seq) {
-                Ok(p) => p.drives.iter().zip(&p.offsets).for_each(|(d, o)| t.advance(Stream::Data, *d, o + 20480)),
+                Ok(p) => p
+                    .drives
+                    .iter()
+                    .zip(&p.offsets)
+                    .for_each(|(d, o)| t.advance(Stream::Data, *d, o + 20480)),
                 Err(e) => {
                     err = Some(e);
                     break;
@@ -222,11 +258,17 @@ mod tests {
     #[test]
     fn degraded_plan_narrows() {
         let mut t = SegmentTable::new(&geo());
-        let p = t.plan(Stream::Data, &[true, false, true, true], 20480, 1).unwrap();
+        let p = t
+            .plan(Stream::Data, &[true, false, true, true], 20480, 1)
+            .unwrap();
         assert_eq!(p.w_max, 2);
         assert!(!p.drives.contains(&1));
-        let p = t.plan(Stream::Data, &[true, false, false, true], 20480, 1).unwrap();
+        let p = t
+            .plan(Stream::Data, &[true, false, false, true], 20480, 1)
+            .unwrap();
         assert_eq!((p.w_max, p.drives.len()), (1, 2));
-        assert!(t.plan(Stream::Data, &[true, false, false, false], 20480, 1).is_err());
+        assert!(t
+            .plan(Stream::Data, &[true, false, false, false], 20480, 1)
+            .is_err());
     }
 }

@@ -24,7 +24,12 @@ pub enum Entry {
     /// Never written or trimmed: reads as zeros.
     Unmapped,
     /// On a drive.
-    Media { drive: u8, offset: u64, len: u32, tag: u8 },
+    Media {
+        drive: u8,
+        offset: u64,
+        len: u32,
+        tag: u8,
+    },
     /// Still in an open or in-flight stripe buffer.
     Buffered { seq: u64, offset: u32, len: u32 },
 }
@@ -33,12 +38,16 @@ pub enum Entry {
 pub const SEQ_MASK: u64 = (1 << 34) - 1;
 
 fn len_units(len: u32) -> u64 {
-    debug_assert!(len > 0 && len <= 4096 && len % 32 == 0);
+    debug_assert!(len > 0 && len <= 4096 && len.is_multiple_of(32));
     ((len / 32) % 128) as u64
 }
 
 fn units_len(u: u64) -> u32 {
-    if u == 0 { 4096 } else { u as u32 * 32 }
+    if u == 0 {
+        4096
+    } else {
+        u as u32 * 32
+    }
 }
 
 impl Entry {
@@ -46,13 +55,25 @@ impl Entry {
     pub fn encode(self) -> u64 {
         match self {
             Entry::Unmapped => 0,
-            Entry::Media { drive, offset, len, tag } => {
+            Entry::Media {
+                drive,
+                offset,
+                len,
+                tag,
+            } => {
                 debug_assert!(drive < 64 && offset % 32 == 0 && offset / 32 < (1 << 40));
-                (1 << 62) | ((drive as u64) << 56) | ((offset / 32) << 16) | (len_units(len) << 9) | tag as u64
+                (1 << 62)
+                    | ((drive as u64) << 56)
+                    | ((offset / 32) << 16)
+                    | (len_units(len) << 9)
+                    | tag as u64
             }
             Entry::Buffered { seq, offset, len } => {
                 debug_assert!(offset % 32 == 0 && offset / 32 < (1 << 21));
-                (2 << 62) | ((seq & SEQ_MASK) << 28) | (((offset / 32) as u64) << 7) | len_units(len)
+                (2 << 62)
+                    | ((seq & SEQ_MASK) << 28)
+                    | (((offset / 32) as u64) << 7)
+                    | len_units(len)
             }
         }
     }
@@ -90,7 +111,9 @@ impl BlockMap {
     /// A map for `blocks` blocks, all unmapped.
     pub fn new(blocks: u64) -> Self {
         let n = (blocks as usize).div_ceil(LEAF_ENTRIES);
-        BlockMap { dir: RwLock::new((0..n).map(|_| OnceLock::new()).collect()) }
+        BlockMap {
+            dir: RwLock::new((0..n).map(|_| OnceLock::new()).collect()),
+        }
     }
 
     /// The raw entry of block `lba` (0 when unmapped or out of range).
@@ -203,10 +226,28 @@ mod tests {
     fn entry_round_trip() {
         let cases = [
             Entry::Unmapped,
-            Entry::Media { drive: 63, offset: (1u64 << 45) - 32, len: 4096, tag: 0xAB },
-            Entry::Media { drive: 0, offset: 1 << 20, len: 96, tag: 0 },
-            Entry::Buffered { seq: SEQ_MASK, offset: (1 << 26) - 32, len: 4096 },
-            Entry::Buffered { seq: 5, offset: 0, len: 32 },
+            Entry::Media {
+                drive: 63,
+                offset: (1u64 << 45) - 32,
+                len: 4096,
+                tag: 0xAB,
+            },
+            Entry::Media {
+                drive: 0,
+                offset: 1 << 20,
+                len: 96,
+                tag: 0,
+            },
+            Entry::Buffered {
+                seq: SEQ_MASK,
+                offset: (1 << 26) - 32,
+                len: 4096,
+            },
+            Entry::Buffered {
+                seq: 5,
+                offset: 0,
+                len: 32,
+            },
         ];
         for e in cases {
             assert_eq!(Entry::decode(e.encode()), Some(e));

@@ -7,7 +7,9 @@ use crate::codec::{codec_for, ErasureCode};
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::header::MAX_NAME_LEN;
-use crate::format::superblock::{validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES};
+use crate::format::superblock::{
+    validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES,
+};
 use crate::layout::SegmentTable;
 use crate::map::BlockMap;
 use crate::scan::StripeDesc;
@@ -36,7 +38,13 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig { k: 4, m: 1, chunk_size: 128 << 10, segment_size: 32 << 20, checkpoint_interval: 1 << 30 }
+        PoolConfig {
+            k: 4,
+            m: 1,
+            chunk_size: 128 << 10,
+            segment_size: 32 << 20,
+            checkpoint_interval: 1 << 30,
+        }
     }
 }
 
@@ -49,7 +57,9 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { checkpoint_interval: PoolConfig::default().checkpoint_interval }
+        OpenOptions {
+            checkpoint_interval: PoolConfig::default().checkpoint_interval,
+        }
     }
 }
 
@@ -158,7 +168,13 @@ pub struct PoolInfo {
 }
 
 impl Inner {
-    pub(crate) fn new(uuid: [u8; 16], geo: Geometry, drives: Vec<DriveSlot>, sb: SbState, checkpoint_interval: u64) -> Result<Self> {
+    pub(crate) fn new(
+        uuid: [u8; 16],
+        geo: Geometry,
+        drives: Vec<DriveSlot>,
+        sb: SbState,
+        checkpoint_interval: u64,
+    ) -> Result<Self> {
         let shape = StripeShape::new(geo.k as usize, geo.m as usize, geo.chunk_size as usize);
         if shape.chunk_need() * 4 > geo.segment_size {
             return Err(Error::invalid(format!(
@@ -174,8 +190,16 @@ impl Inner {
             codec: codec_for(geo.m as usize)?,
             shape,
             drives,
-            volumes: RwLock::new(VolumeTable { next_id: 1, ..Default::default() }),
-            writer: Mutex::new(WriterState { open: None, next_seq: 1, segs, bytes_since_cp: 0 }),
+            volumes: RwLock::new(VolumeTable {
+                next_id: 1,
+                ..Default::default()
+            }),
+            writer: Mutex::new(WriterState {
+                open: None,
+                next_seq: 1,
+                segs,
+                bytes_since_cp: 0,
+            }),
             inflight: RwLock::new(HashMap::new()),
             done: Mutex::new(Completion::default()),
             done_cv: Condvar::new(),
@@ -244,8 +268,11 @@ impl Inner {
 fn checkpoint_reserve(geo: &Geometry, shape: &StripeShape) -> usize {
     let capacity = geo.segment_count as u64 * geo.segment_size * geo.k as u64;
     // Worst case 24 bytes per mapped 4 KiB block plus segment states.
-    let cp_bytes = capacity / 4096 * 24 / ((geo.k + geo.m) as u64).max(1) + geo.segment_count as u64 + (1 << 16);
-    let per_seg = (geo.segment_size / shape.chunk_need()).max(1) * shape.chunk_size as u64 * geo.k as u64;
+    let cp_bytes = capacity / 4096 * 24 / ((geo.k + geo.m) as u64).max(1)
+        + geo.segment_count as u64
+        + (1 << 16);
+    let per_seg =
+        (geo.segment_size / shape.chunk_need()).max(1) * shape.chunk_size as u64 * geo.k as u64;
     (cp_bytes.div_ceil(per_seg) as usize + 1).min(geo.segment_count as usize / 2)
 }
 
@@ -258,10 +285,17 @@ impl Pool {
     pub fn create(drives: Vec<DriveRef>, cfg: &PoolConfig) -> Result<Pool> {
         let n = drives.len();
         if n == 0 || n > MAX_DRIVES {
-            return Err(Error::invalid(format!("{n} drives: a pool has 1 to {MAX_DRIVES}")));
+            return Err(Error::invalid(format!(
+                "{n} drives: a pool has 1 to {MAX_DRIVES}"
+            )));
         }
         if cfg.k == 0 || cfg.k + cfg.m > n {
-            return Err(Error::invalid(format!("protection {}+{} needs at least {} drives, got {n}", cfg.k, cfg.m, cfg.k + cfg.m)));
+            return Err(Error::invalid(format!(
+                "protection {}+{} needs at least {} drives, got {n}",
+                cfg.k,
+                cfg.m,
+                cfg.k + cfg.m
+            )));
         }
         if cfg.m > 4 {
             return Err(Error::invalid(format!("parity count {} (0 to 4)", cfg.m)));
@@ -286,13 +320,25 @@ impl Pool {
         validate_geometry(&geo).map_err(|e| Error::invalid(e.to_string()))?;
         let uuid = new_uuid();
         let members: Vec<[u8; 16]> = (0..n).map(|_| new_uuid()).collect();
-        let sb = SbState { generation: 1, checkpoint: CheckpointRef::default(), members };
-        let slots = drives.into_iter().map(|d| DriveSlot { drive: Some(d), failed: AtomicBool::new(false) }).collect();
+        let sb = SbState {
+            generation: 1,
+            checkpoint: CheckpointRef::default(),
+            members,
+        };
+        let slots = drives
+            .into_iter()
+            .map(|d| DriveSlot {
+                drive: Some(d),
+                failed: AtomicBool::new(false),
+            })
+            .collect();
         let inner = Inner::new(uuid, geo, slots, sb, cfg.checkpoint_interval)?;
         // Both slots: generation 0 and 1, so no stale superblock of an older pool survives.
         inner.write_superblocks_gen(0)?;
         inner.write_superblocks_gen(1)?;
-        Ok(Pool { inner: Arc::new(inner) })
+        Ok(Pool {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Opens an existing pool from its drives (in any order; up to m may be missing).
@@ -303,7 +349,9 @@ impl Pool {
     /// Opens an existing pool with runtime options.
     pub fn open_with(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Pool> {
         let inner = crate::recovery::recover(drives, opts)?;
-        Ok(Pool { inner: Arc::new(inner) })
+        Ok(Pool {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Creates a thin volume of `size` bytes (a multiple of 4096... any size; the last
@@ -330,13 +378,19 @@ impl Pool {
     /// Every volume, by name.
     pub fn volumes(&self) -> Vec<VolumeInfo> {
         let t = self.inner.volumes.read();
-        t.by_name.values().map(|id| VolumeInfo::of(&t.by_id[id])).collect()
+        t.by_name
+            .values()
+            .map(|id| VolumeInfo::of(&t.by_id[id]))
+            .collect()
     }
 
     /// A handle to the volume `name`.
     pub fn volume(&self, name: &str) -> Result<Volume> {
         let t = self.inner.volumes.read();
-        let id = t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+        let id = t
+            .by_name
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
         Ok(Volume::new(self.inner.clone(), t.by_id[id].clone()))
     }
 
@@ -389,7 +443,8 @@ impl Pool {
         if index >= self.inner.drives.len() {
             return Err(Error::NotFound(format!("drive {index}")));
         }
-        self.inner.fail_drive(index, &std::io::Error::other("failed by request"));
+        self.inner
+            .fail_drive(index, &std::io::Error::other("failed by request"));
         Ok(())
     }
 }
@@ -398,7 +453,9 @@ impl Pool {
 pub(crate) fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     if !ok {
         return Err(Error::invalid(format!(
             "volume name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.'"
@@ -424,7 +481,10 @@ impl Inner {
             };
             let mut b = AlignedBuf::zeroed(4096);
             b.copy_from_slice(&sb.encode());
-            match d.write_at(Superblock::slot_offset(generation), &b).and_then(|_| d.flush()) {
+            match d
+                .write_at(Superblock::slot_offset(generation), &b)
+                .and_then(|_| d.flush())
+            {
                 Ok(()) => {
                     ok += 1;
                     Stats::add(&self.stats.media_metadata_bytes, 4096);
@@ -433,7 +493,9 @@ impl Inner {
             }
         }
         if ok == 0 || self.drives.len() - ok > self.geo.m as usize {
-            return Err(Error::Unavailable(format!("superblock written to only {ok} drives")));
+            return Err(Error::Unavailable(format!(
+                "superblock written to only {ok} drives"
+            )));
         }
         Ok(())
     }

@@ -24,7 +24,9 @@ impl Inner {
                 }
                 Some(Entry::Buffered { seq, offset, len }) => {
                     if len as usize != BLOCK {
-                        return Err(Error::corrupt("compressed blocks are not supported by this build"));
+                        return Err(Error::corrupt(
+                            "compressed blocks are not supported by this build",
+                        ));
                     }
                     let buf = self.inflight.read().get(&seq).cloned();
                     if let Some(b) = buf {
@@ -36,16 +38,25 @@ impl Inner {
                     }
                     std::thread::yield_now();
                 }
-                Some(Entry::Media { drive, offset, len, tag }) => {
+                Some(Entry::Media {
+                    drive,
+                    offset,
+                    len,
+                    tag,
+                }) => {
                     if len as usize != BLOCK {
-                        return Err(Error::corrupt("compressed blocks are not supported by this build"));
+                        return Err(Error::corrupt(
+                            "compressed blocks are not supported by this build",
+                        ));
                     }
                     self.read_media(drive as usize, offset, tag, out)?;
                     return Ok(true);
                 }
             }
         }
-        Err(Error::Failed(format!("block {lba} stayed in a stripe buffer that no longer exists")))
+        Err(Error::Failed(format!(
+            "block {lba} stayed in a stripe buffer that no longer exists"
+        )))
     }
 
     fn read_media(&self, d: usize, offset: u64, tag: u8, out: &mut [u8]) -> Result<()> {
@@ -70,7 +81,9 @@ impl Inner {
         let at = (offset - desc.chunks[j].data_offset()) as usize;
         out.copy_from_slice(&shards[j][at..at + BLOCK]);
         if crc32c::crc32c(out) as u8 != tag {
-            return Err(Error::Unavailable(format!("block at drive {d} offset {offset} fails its CRC after reconstruction")));
+            return Err(Error::Unavailable(format!(
+                "block at drive {d} offset {offset} fails its CRC after reconstruction"
+            )));
         }
         Stats::add(&self.stats.degraded_reads, 1);
         Ok(())
@@ -88,20 +101,22 @@ impl Inner {
             let mut buf = vec![0u8; l];
             let d = c.drive as usize;
             let ok = match self.drives.get(d).and_then(|x| x.usable()) {
-                Some(drive) if Some(d) != avoid => match drive.read_at(c.data_offset(), &mut buf[..c.len as usize]) {
-                    Ok(()) => {
-                        Stats::add(&self.stats.media_read_bytes, c.len as u64);
-                        let good = crc32c::crc32c(&buf[..c.len as usize]) == c.crc;
-                        if !good {
-                            Stats::add(&self.stats.crc_errors, 1);
+                Some(drive) if Some(d) != avoid => {
+                    match drive.read_at(c.data_offset(), &mut buf[..c.len as usize]) {
+                        Ok(()) => {
+                            Stats::add(&self.stats.media_read_bytes, c.len as u64);
+                            let good = crc32c::crc32c(&buf[..c.len as usize]) == c.crc;
+                            if !good {
+                                Stats::add(&self.stats.crc_errors, 1);
+                            }
+                            good
                         }
-                        good
+                        Err(_) => {
+                            Stats::add(&self.stats.read_errors, 1);
+                            false
+                        }
                     }
-                    Err(_) => {
-                        Stats::add(&self.stats.read_errors, 1);
-                        false
-                    }
-                },
+                }
                 _ => false,
             };
             shards.push(buf);
@@ -114,7 +129,10 @@ impl Inner {
             for &i in &lost {
                 let c = &s.chunks[i];
                 if i < s.w && crc32c::crc32c(&shards[i][..c.len as usize]) != c.crc {
-                    return Err(Error::Unavailable(format!("stripe {} chunk {i} fails its CRC after reconstruction", s.seq)));
+                    return Err(Error::Unavailable(format!(
+                        "stripe {} chunk {i} fails its CRC after reconstruction",
+                        s.seq
+                    )));
                 }
             }
             Stats::add(&self.stats.reconstructed_chunks, lost.len() as u64);

@@ -27,7 +27,11 @@ pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
     let mut best: Option<Superblock> = None;
     for slot in 0..2u64 {
         let mut b = AlignedBuf::zeroed(BLOCK);
-        match d.read_at(slot * BLOCK as u64, &mut b).map_err(Error::from).and_then(|_| Superblock::decode(&b)) {
+        match d
+            .read_at(slot * BLOCK as u64, &mut b)
+            .map_err(Error::from)
+            .and_then(|_| Superblock::decode(&b))
+        {
             Ok(sb) => {
                 if best.as_ref().is_none_or(|x| sb.generation > x.generation) {
                     best = Some(sb);
@@ -48,8 +52,16 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
             Err(e) => bad.push(e.to_string()),
         }
     }
-    let Some(newest) = found.iter().map(|(s, _)| s).max_by_key(|s| s.generation).cloned() else {
-        return Err(Error::corrupt(format!("no valid flashpool superblock on any drive ({})", bad.join("; "))));
+    let Some(newest) = found
+        .iter()
+        .map(|(s, _)| s)
+        .max_by_key(|s| s.generation)
+        .cloned()
+    else {
+        return Err(Error::corrupt(format!(
+            "no valid flashpool superblock on any drive ({})",
+            bad.join("; ")
+        )));
     };
     let geo = newest.geometry.clone();
     let mut slots: Vec<Option<DriveRef>> = vec![None; geo.drive_count as usize];
@@ -59,10 +71,14 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
             return Err(Error::corrupt(format!("{who} belongs to another pool")));
         }
         if sb.geometry != geo || sb.members != newest.members {
-            return Err(Error::corrupt(format!("{who} disagrees with the other drives on the pool's geometry")));
+            return Err(Error::corrupt(format!(
+                "{who} disagrees with the other drives on the pool's geometry"
+            )));
         }
         if d.info().size < geo.drive_size {
-            return Err(Error::corrupt(format!("{who} is smaller than the pool's drive size")));
+            return Err(Error::corrupt(format!(
+                "{who} is smaller than the pool's drive size"
+            )));
         }
         let i = sb.drive_index as usize;
         if slots[i].is_some() {
@@ -76,7 +92,11 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
             "{missing} of {} drives missing or unreadable, parity covers {}{}",
             geo.drive_count,
             geo.m,
-            if bad.is_empty() { String::new() } else { format!(" ({})", bad.join("; ")) }
+            if bad.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", bad.join("; "))
+            }
         )));
     }
     for (i, s) in slots.iter().enumerate() {
@@ -84,15 +104,35 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
             tracing::warn!(drive = i, "drive missing; opening degraded");
         }
     }
-    let drive_slots = slots.into_iter().map(|d| DriveSlot { drive: d, failed: AtomicBool::new(false) }).collect();
-    let sb = SbState { generation: newest.generation, checkpoint: newest.checkpoint.clone(), members: newest.members.clone() };
-    let inner = Inner::new(newest.pool_uuid, geo, drive_slots, sb, opts.checkpoint_interval)?;
+    let drive_slots = slots
+        .into_iter()
+        .map(|d| DriveSlot {
+            drive: d,
+            failed: AtomicBool::new(false),
+        })
+        .collect();
+    let sb = SbState {
+        generation: newest.generation,
+        checkpoint: newest.checkpoint.clone(),
+        members: newest.members.clone(),
+    };
+    let inner = Inner::new(
+        newest.pool_uuid,
+        geo,
+        drive_slots,
+        sb,
+        opts.checkpoint_interval,
+    )?;
     let started = std::time::Instant::now();
     inner.load_checkpoint()?;
     let replayed = inner.roll_forward()?;
     inner.recount_live();
     inner.checkpoint()?;
-    tracing::info!(replayed, elapsed_ms = started.elapsed().as_millis() as u64, "pool opened");
+    tracing::info!(
+        replayed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "pool opened"
+    );
     Ok(inner)
 }
 
@@ -121,13 +161,17 @@ impl Inner {
         }
         let mut bytes = Vec::with_capacity(cp.len as usize);
         for d in stripes.values() {
-            let shards = self.read_stripe(d, None).map_err(|e| Error::corrupt(format!("checkpoint stripe {}: {e}", d.seq)))?;
+            let shards = self
+                .read_stripe(d, None)
+                .map_err(|e| Error::corrupt(format!("checkpoint stripe {}: {e}", d.seq)))?;
             for (j, c) in d.chunks[..d.w].iter().enumerate() {
                 bytes.extend_from_slice(&shards[j][..c.len as usize]);
             }
         }
         if (bytes.len() as u64) < cp.len {
-            return Err(Error::corrupt("checkpoint shorter than its superblock says"));
+            return Err(Error::corrupt(
+                "checkpoint shorter than its superblock says",
+            ));
         }
         bytes.truncate(cp.len as usize);
         if crc32c::crc32c(&bytes) != cp.crc {
@@ -135,7 +179,9 @@ impl Inner {
         }
         let img = CheckpointImage::decode(&bytes)?;
         if img.segment_states.len() != self.geo.segment_count as usize {
-            return Err(Error::corrupt("checkpoint segment table does not match the geometry"));
+            return Err(Error::corrupt(
+                "checkpoint segment table does not match the geometry",
+            ));
         }
         for (i, st) in img.segment_states.iter().enumerate() {
             w.segs.states[i] = SegState::from_u8(*st)?;
@@ -147,8 +193,14 @@ impl Inner {
         t.next_id = img.next_volume_id;
         for v in img.volumes {
             crate::pool::validate_name(&v.name).map_err(|e| Error::corrupt(e.to_string()))?;
-            if v.id >= img.next_volume_id || t.by_id.contains_key(&v.id) || t.by_name.contains_key(&v.name) {
-                return Err(Error::corrupt(format!("checkpoint volume {} ({:?}) is a duplicate", v.id, v.name)));
+            if v.id >= img.next_volume_id
+                || t.by_id.contains_key(&v.id)
+                || t.by_name.contains_key(&v.name)
+            {
+                return Err(Error::corrupt(format!(
+                    "checkpoint volume {} ({:?}) is a duplicate",
+                    v.id, v.name
+                )));
             }
             let state = VolumeState::new(v.id, &v.name, v.size);
             let blocks = v.size.div_ceil(BLOCK as u64);
@@ -167,7 +219,9 @@ impl Inner {
 
     fn check_media_entry(&self, e: u64, lba: u64, blocks: u64) -> Result<()> {
         let ok = match Entry::decode(e) {
-            Some(Entry::Media { drive, offset, len, .. }) => {
+            Some(Entry::Media {
+                drive, offset, len, ..
+            }) => {
                 (drive as u16) < self.geo.drive_count
                     && lba < blocks
                     && offset + len as u64 <= self.geo.drive_size
@@ -175,7 +229,13 @@ impl Inner {
             }
             _ => false,
         };
-        if ok { Ok(()) } else { Err(Error::corrupt(format!("checkpoint map entry {e:#x} for block {lba}"))) }
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::corrupt(format!(
+                "checkpoint map entry {e:#x} for block {lba}"
+            )))
+        }
     }
 
     /// Applies every complete stripe after the checkpoint, in order; returns how many.
@@ -241,15 +301,39 @@ impl Inner {
         let mut t = self.volumes.write();
         for r in records {
             match r {
-                Record::Write { vol, lba, chunk, offset, len, crc, .. } => {
+                Record::Write {
+                    vol,
+                    lba,
+                    chunk,
+                    offset,
+                    len,
+                    crc,
+                    ..
+                } => {
                     let Some(v) = t.by_id.get(vol) else { continue };
-                    let c = d.chunks.get(*chunk as usize).filter(|_| (*chunk as usize) < d.w);
-                    let Some(c) = c else { return Err(Error::corrupt(format!("stripe {} record names chunk {chunk}", d.seq))) };
+                    let c = d
+                        .chunks
+                        .get(*chunk as usize)
+                        .filter(|_| (*chunk as usize) < d.w);
+                    let Some(c) = c else {
+                        return Err(Error::corrupt(format!(
+                            "stripe {} record names chunk {chunk}",
+                            d.seq
+                        )));
+                    };
                     if *offset as u64 + *len as u64 > c.len as u64 {
-                        return Err(Error::corrupt(format!("stripe {} record past its chunk", d.seq)));
+                        return Err(Error::corrupt(format!(
+                            "stripe {} record past its chunk",
+                            d.seq
+                        )));
                     }
                     if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
-                        let e = Entry::Media { drive: c.drive as u8, offset: c.data_offset() + *offset as u64, len: *len as u32, tag: *crc as u8 };
+                        let e = Entry::Media {
+                            drive: c.drive as u8,
+                            offset: c.data_offset() + *offset as u64,
+                            len: *len as u32,
+                            tag: *crc as u8,
+                        };
                         v.map.swap(*lba, e.encode());
                     }
                 }
@@ -261,7 +345,8 @@ impl Inner {
                 Record::VolumeCreate { vol, size, name } => {
                     if !t.by_id.contains_key(vol) && !t.by_name.contains_key(name) {
                         t.by_name.insert(name.clone(), *vol);
-                        t.by_id.insert(*vol, Arc::new(VolumeState::new(*vol, name, *size)));
+                        t.by_id
+                            .insert(*vol, Arc::new(VolumeState::new(*vol, name, *size)));
                     }
                     t.next_id = t.next_id.max(vol + 1);
                 }

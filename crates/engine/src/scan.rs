@@ -44,7 +44,9 @@ impl StripeDesc {
 impl Inner {
     /// Reads the headers of drive `d`'s chunks in segment `seg`, in order.
     pub(crate) fn walk(&self, d: usize, seg: u32) -> Vec<ChunkHeader> {
-        let Some(drive) = self.drives[d].usable() else { return Vec::new() };
+        let Some(drive) = self.drives[d].usable() else {
+            return Vec::new();
+        };
         let base = SegmentTable::segment_base(&self.geo, seg);
         let end = base + self.geo.segment_size;
         let mut pos = base;
@@ -55,7 +57,9 @@ impl Inner {
                 break;
             }
             Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
-            let Some(len) = ChunkHeader::peek_len(&first, &self.uuid) else { break };
+            let Some(len) = ChunkHeader::peek_len(&first, &self.uuid) else {
+                break;
+            };
             let hdr = if len == BLOCK {
                 ChunkHeader::decode(&first)
             } else {
@@ -110,7 +114,8 @@ impl Inner {
             let index = match cached {
                 Some(i) if !rescan => i,
                 _ => {
-                    let i: Arc<Vec<StripeDesc>> = Arc::new(self.scan_segment(seg, false).into_values().collect());
+                    let i: Arc<Vec<StripeDesc>> =
+                        Arc::new(self.scan_segment(seg, false).into_values().collect());
                     self.seg_index.lock().insert(seg, i.clone());
                     i
                 }
@@ -122,13 +127,17 @@ impl Inner {
                 .find_map(|s| {
                     s.chunks[..s.w]
                         .iter()
-                        .position(|c| c.drive as usize == d && c.data_offset() <= off && off < c.end())
+                        .position(|c| {
+                            c.drive as usize == d && c.data_offset() <= off && off < c.end()
+                        })
                         .map(|j| (s.clone(), j))
                 });
             if let Some(h) = hit {
                 return Ok(h);
             }
         }
-        Err(Error::Unavailable(format!("no stripe found covering drive {d} offset {off}")))
+        Err(Error::Unavailable(format!(
+            "no stripe found covering drive {d} offset {off}"
+        )))
     }
 }

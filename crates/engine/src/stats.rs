@@ -82,7 +82,10 @@ impl Stats {
 impl StatsSnapshot {
     /// Media bytes written of every kind.
     pub fn media_write_bytes(&self) -> u64 {
-        self.media_data_bytes + self.media_parity_bytes + self.media_metadata_bytes + self.media_padding_bytes
+        self.media_data_bytes
+            + self.media_parity_bytes
+            + self.media_metadata_bytes
+            + self.media_padding_bytes
     }
 
     /// Write amplification: media bytes written per host byte written.

@@ -40,7 +40,13 @@ impl StripeShape {
         // One write record per block plus room for trims and volume changes.
         let record_budget = (k * chunk_size / BLOCK + 64) * 24 + 512;
         let hmax = header_len(k + m, None) + round_up_block(record_budget);
-        StripeShape { k, m, chunk_size, record_budget, hmax }
+        StripeShape {
+            k,
+            m,
+            chunk_size,
+            record_budget,
+            hmax,
+        }
     }
 
     /// Bytes of one chunk region in a stripe buffer.
@@ -73,8 +79,24 @@ pub struct OpenStripe {
 }
 
 impl OpenStripe {
-    pub fn new(seq: u64, kind: StripeKind, plan: StripePlan, buf: Arc<StripeBuf>, shape: StripeShape) -> Self {
-        OpenStripe { seq, kind, plan, buf, shape, chunk: 0, fill: 0, records: Vec::new(), record_bytes: 0 }
+    pub fn new(
+        seq: u64,
+        kind: StripeKind,
+        plan: StripePlan,
+        buf: Arc<StripeBuf>,
+        shape: StripeShape,
+    ) -> Self {
+        OpenStripe {
+            seq,
+            kind,
+            plan,
+            buf,
+            shape,
+            chunk: 0,
+            fill: 0,
+            records: Vec::new(),
+            record_bytes: 0,
+        }
     }
 
     /// True when nothing was appended.
@@ -116,8 +138,16 @@ impl OpenStripe {
     /// Appends one stored block with its write record; returns its byte offset in the buffer,
     /// or None when the stripe is full (seal, then retry).
     pub fn append_block(&mut self, vol: u32, lba: u64, data: &[u8], crc: u32) -> Option<u32> {
-        debug_assert!(data.len() <= BLOCK && data.len() % 32 == 0);
-        let rec = Record::Write { vol, lba, chunk: 0, offset: 0, len: data.len() as u16, flags: 0, crc };
+        debug_assert!(data.len() <= BLOCK && data.len().is_multiple_of(32));
+        let rec = Record::Write {
+            vol,
+            lba,
+            chunk: 0,
+            offset: 0,
+            len: data.len() as u16,
+            flags: 0,
+            crc,
+        };
         if !self.has_record_room(&rec) {
             return None;
         }
@@ -129,7 +159,15 @@ impl OpenStripe {
             b[pos..pos + data.len()].copy_from_slice(data);
         }
         self.fill += data.len();
-        let rec = Record::Write { vol, lba, chunk: chunk as u8, offset: off as u32, len: data.len() as u16, flags: 0, crc };
+        let rec = Record::Write {
+            vol,
+            lba,
+            chunk: chunk as u8,
+            offset: off as u32,
+            len: data.len() as u16,
+            flags: 0,
+            crc,
+        };
         self.push_record(rec);
         Some(pos as u32)
     }
@@ -149,7 +187,8 @@ impl OpenStripe {
             let pos = self.data_pos(self.chunk, self.fill);
             {
                 let mut g = self.buf.data.write();
-                g.as_mut().expect("open stripe owns its buffer")[pos..pos + n].copy_from_slice(&data[done..done + n]);
+                g.as_mut().expect("open stripe owns its buffer")[pos..pos + n]
+                    .copy_from_slice(&data[done..done + n]);
             }
             self.fill += n;
             done += n;
@@ -171,9 +210,19 @@ impl OpenStripe {
     /// Fixes the stripe's final shape: data width, chunk lengths, headers and drive offsets.
     pub fn seal(self, pool_uuid: [u8; 16]) -> SealedStripe {
         let s = self.shape;
-        let w = if self.fill == 0 { self.chunk } else { self.chunk + 1 };
+        let w = if self.fill == 0 {
+            self.chunk
+        } else {
+            self.chunk + 1
+        };
         let data_lens: Vec<usize> = (0..w)
-            .map(|j| if j + 1 < w { s.chunk_size } else { round_up_block(self.fill) })
+            .map(|j| {
+                if j + 1 < w {
+                    s.chunk_size
+                } else {
+                    round_up_block(self.fill)
+                }
+            })
             .collect();
         let parity_len = data_lens.first().copied().unwrap_or(0);
         // Chunk i of the stripe -> slot in the plan (drives/offsets) and buffer region.
@@ -185,7 +234,10 @@ impl OpenStripe {
         let nchunks = slots.len();
         let full_hdr = header_len(nchunks, Some(&self.records)) / BLOCK;
         let short_hdr = header_len(nchunks, None) / BLOCK;
-        debug_assert!(full_hdr * BLOCK <= s.hmax, "records overflow the header room");
+        debug_assert!(
+            full_hdr * BLOCK <= s.hmax,
+            "records overflow the header room"
+        );
         let chunks: Vec<ChunkLoc> = slots
             .iter()
             .enumerate()
@@ -203,7 +255,15 @@ impl OpenStripe {
             .collect();
         // Buffer region of chunk i: data chunks use their own; parity chunks follow the k data
         // regions; the header-only chunk of a record-only stripe uses region 0.
-        let regions: Vec<usize> = (0..nchunks).map(|i| if i < w.max(1) { i } else { s.k + (i - w.max(1)) }).collect();
+        let regions: Vec<usize> = (0..nchunks)
+            .map(|i| {
+                if i < w.max(1) {
+                    i
+                } else {
+                    s.k + (i - w.max(1))
+                }
+            })
+            .collect();
         SealedStripe {
             seq: self.seq,
             kind: self.kind,
@@ -266,8 +326,9 @@ impl SealedStripe {
             }
             if self.m > 0 {
                 let (data_part, parity_part) = buf.split_at_mut(s.k * region);
-                let data: Vec<&[u8]> =
-                    (0..self.w).map(|j| &data_part[j * region + s.hmax..j * region + s.hmax + l]).collect();
+                let data: Vec<&[u8]> = (0..self.w)
+                    .map(|j| &data_part[j * region + s.hmax..j * region + s.hmax + l])
+                    .collect();
                 let mut parity: Vec<&mut [u8]> = parity_part
                     .chunks_mut(region)
                     .take(self.m)

@@ -45,7 +45,12 @@ pub struct VolumeInfo {
 
 impl VolumeInfo {
     pub(crate) fn of(v: &VolumeState) -> Self {
-        VolumeInfo { id: v.id, name: v.name.clone(), size: v.size.load(Ordering::Relaxed), map_bytes: v.map.memory_bytes() as u64 }
+        VolumeInfo {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size.load(Ordering::Relaxed),
+            map_bytes: v.map.memory_bytes() as u64,
+        }
     }
 }
 
@@ -89,7 +94,10 @@ impl Volume {
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
         if self.vol.deleted.load(Ordering::Relaxed) {
-            return Err(Error::NotFound(format!("volume {:?} was deleted", self.vol.name)));
+            return Err(Error::NotFound(format!(
+                "volume {:?} was deleted",
+                self.vol.name
+            )));
         }
         if self.pool.closed.load(Ordering::Relaxed) {
             return Err(Error::Failed("pool is closed".into()));
@@ -111,7 +119,8 @@ impl Volume {
             let (lba, at) = (pos / B, (pos % B) as usize);
             let n = (BLOCK - at).min(buf.len() - done);
             if at == 0 && n == BLOCK {
-                self.pool.read_block(&self.vol, lba, &mut buf[done..done + BLOCK])?;
+                self.pool
+                    .read_block(&self.vol, lba, &mut buf[done..done + BLOCK])?;
             } else {
                 self.pool.read_block(&self.vol, lba, &mut tmp)?;
                 buf[done..done + n].copy_from_slice(&tmp[at..at + n]);
@@ -131,7 +140,8 @@ impl Volume {
             let (lba, at) = (pos / B, (pos % B) as usize);
             let n = (BLOCK - at).min(data.len() - done);
             if at == 0 && n == BLOCK {
-                self.pool.write_block(&self.vol, lba, &data[done..done + BLOCK], B)?;
+                self.pool
+                    .write_block(&self.vol, lba, &data[done..done + BLOCK], B)?;
             } else {
                 self.merge_block(lba, at, &data[done..done + n])?;
             }
@@ -142,14 +152,16 @@ impl Volume {
 
     /// Read-merge-write of part of one block, under that block's lock.
     fn merge_block(&self, lba: u64, at: usize, bytes: &[u8]) -> Result<()> {
-        let lock = &self.pool.block_locks[(lba as usize ^ self.vol.id as usize) % self.pool.block_locks.len()];
+        let lock = &self.pool.block_locks
+            [(lba as usize ^ self.vol.id as usize) % self.pool.block_locks.len()];
         let _g = lock.lock();
         let mut block = [0u8; BLOCK];
         if self.pool.read_block(&self.vol, lba, &mut block)? {
             Stats::add(&self.pool.stats.unaligned_merge_read_bytes, B);
         }
         block[at..at + bytes.len()].copy_from_slice(bytes);
-        self.pool.write_block(&self.vol, lba, &block, bytes.len() as u64)
+        self.pool
+            .write_block(&self.vol, lba, &block, bytes.len() as u64)
     }
 
     /// Writes `data` and returns once it, and every write completed before, is durable.
@@ -175,7 +187,8 @@ impl Volume {
             return self.zero_bytes(offset, end);
         }
         self.zero_bytes(offset, first_full * B)?;
-        self.pool.trim_blocks(&self.vol, first_full, last_full - first_full)?;
+        self.pool
+            .trim_blocks(&self.vol, first_full, last_full - first_full)?;
         self.zero_bytes(last_full * B, end)
     }
 

@@ -20,24 +20,43 @@ use std::sync::Arc;
 
 impl Inner {
     /// Opens a stripe in `stream`: reserves its place and a buffer, and assigns its sequence.
-    pub(crate) fn new_stripe(&self, w: &mut WriterState, stream: Stream, kind: StripeKind) -> Result<OpenStripe> {
-        let plan = w.segs.plan(stream, &self.healthy(), self.shape.chunk_need(), w.next_seq)?;
+    pub(crate) fn new_stripe(
+        &self,
+        w: &mut WriterState,
+        stream: Stream,
+        kind: StripeKind,
+    ) -> Result<OpenStripe> {
+        let plan = w
+            .segs
+            .plan(stream, &self.healthy(), self.shape.chunk_need(), w.next_seq)?;
         let buf = self.take_buffer();
         let seq = w.next_seq;
         w.next_seq += 1;
-        let sb = Arc::new(StripeBuf { seq, data: RwLock::new(Some(buf)) });
+        let sb = Arc::new(StripeBuf {
+            seq,
+            data: RwLock::new(Some(buf)),
+        });
         self.inflight.write().insert(seq & SEQ_MASK, sb.clone());
         self.done.lock().inflight.insert(seq);
         Ok(OpenStripe::new(seq, kind, plan, sb, self.shape))
     }
 
     /// Fixes an open stripe's shape and advances the stream's fill pointers past it.
-    pub(crate) fn seal(&self, w: &mut WriterState, open: OpenStripe, stream: Stream) -> SealedStripe {
+    pub(crate) fn seal(
+        &self,
+        w: &mut WriterState,
+        open: OpenStripe,
+        stream: Stream,
+    ) -> SealedStripe {
         let sealed = open.seal(self.uuid);
         for c in &sealed.chunks {
             w.segs.advance(stream, c.drive, c.end());
         }
-        w.bytes_since_cp += sealed.chunks.iter().map(|c| c.end() - c.offset).sum::<u64>();
+        w.bytes_since_cp += sealed
+            .chunks
+            .iter()
+            .map(|c| c.end() - c.offset)
+            .sum::<u64>();
         sealed
     }
 
@@ -76,7 +95,9 @@ impl Inner {
                     }
                     Err(e) => {
                         lost += 1;
-                        if self.drives[d].drive.is_some() && !self.drives[d].failed.load(Ordering::Relaxed) {
+                        if self.drives[d].drive.is_some()
+                            && !self.drives[d].failed.load(Ordering::Relaxed)
+                        {
                             Stats::add(&self.stats.write_errors, 1);
                         }
                         self.fail_drive(d, &e);
@@ -87,9 +108,19 @@ impl Inner {
         let tolerated = if s.w == 0 { s.chunks.len() - 1 } else { s.m };
         let st = &self.stats;
         Stats::add(&st.stripes_written, 1);
-        Stats::add(if s.w == self.geo.k as usize { &st.full_stripes } else { &st.partial_stripes }, 1);
+        Stats::add(
+            if s.w == self.geo.k as usize {
+                &st.full_stripes
+            } else {
+                &st.partial_stripes
+            },
+            1,
+        );
         let result = if lost > tolerated {
-            let msg = format!("stripe {} lost {lost} chunks on write, parity covers {tolerated}", s.seq);
+            let msg = format!(
+                "stripe {} lost {lost} chunks on write, parity covers {tolerated}",
+                s.seq
+            );
             self.record_failure(msg.clone());
             Err(Error::Failed(msg))
         } else {
@@ -110,15 +141,37 @@ impl Inner {
     fn complete(&self, s: &SealedStripe) {
         let mut vol: Option<Arc<VolumeState>> = None;
         for rec in &s.records {
-            let Record::Write { vol: vid, lba, chunk, offset, len, crc, .. } = *rec else { continue };
+            let Record::Write {
+                vol: vid,
+                lba,
+                chunk,
+                offset,
+                len,
+                crc,
+                ..
+            } = *rec
+            else {
+                continue;
+            };
             if vol.as_ref().is_none_or(|v| v.id != vid) {
                 vol = self.volume_by_id(vid);
             }
             let Some(v) = &vol else { continue };
             let c = &s.chunks[chunk as usize];
-            let buffered = Entry::Buffered { seq: s.seq, offset: (s.data_pos(chunk as usize) + offset as usize) as u32, len: len as u32 };
-            let media = Entry::Media { drive: c.drive as u8, offset: c.data_offset() + offset as u64, len: len as u32, tag: crc as u8 };
-            if v.map.compare_exchange(lba, buffered.encode(), media.encode()) {
+            let buffered = Entry::Buffered {
+                seq: s.seq,
+                offset: (s.data_pos(chunk as usize) + offset as usize) as u32,
+                len: len as u32,
+            };
+            let media = Entry::Media {
+                drive: c.drive as u8,
+                offset: c.data_offset() + offset as u64,
+                len: len as u32,
+                tag: crc as u8,
+            };
+            if v.map
+                .compare_exchange(lba, buffered.encode(), media.encode())
+            {
                 self.live[s.segment as usize].fetch_add(len as u64, Ordering::Relaxed);
             }
         }
@@ -143,7 +196,10 @@ impl Inner {
 
     /// Runs `step` against the open data stripe under the writer lock, sealing and retrying
     /// when `step` says the stripe has no room (returns `Ok(None)`).
-    pub(crate) fn logged<T>(&self, mut step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>) -> Result<T> {
+    pub(crate) fn logged<T>(
+        &self,
+        mut step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
+    ) -> Result<T> {
         loop {
             let mut w = self.writer.lock();
             self.check_failed()?;
@@ -176,14 +232,29 @@ impl Inner {
 
     /// Appends one whole block of a volume.
     /// `host_bytes` is how much of it the host wrote (less for a merged partial block).
-    pub(crate) fn write_block(&self, vol: &VolumeState, lba: u64, data: &[u8], host_bytes: u64) -> Result<()> {
+    pub(crate) fn write_block(
+        &self,
+        vol: &VolumeState,
+        lba: u64,
+        data: &[u8],
+        host_bytes: u64,
+    ) -> Result<()> {
         let crc = crc32c::crc32c(data);
         self.logged(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
-                return Err(Error::NotFound(format!("volume {:?} was deleted", vol.name)));
+                return Err(Error::NotFound(format!(
+                    "volume {:?} was deleted",
+                    vol.name
+                )));
             }
-            let Some(pos) = open.append_block(vol.id, lba, data, crc) else { return Ok(None) };
-            let new = Entry::Buffered { seq: open.seq, offset: pos, len: data.len() as u32 };
+            let Some(pos) = open.append_block(vol.id, lba, data, crc) else {
+                return Ok(None);
+            };
+            let new = Entry::Buffered {
+                seq: open.seq,
+                offset: pos,
+                len: data.len() as u32,
+            };
             let old = vol.map.swap(lba, new.encode());
             self.release(old);
             Ok(Some(()))
@@ -199,9 +270,16 @@ impl Inner {
         }
         self.logged(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
-                return Err(Error::NotFound(format!("volume {:?} was deleted", vol.name)));
+                return Err(Error::NotFound(format!(
+                    "volume {:?} was deleted",
+                    vol.name
+                )));
             }
-            if !open.push_record(Record::Trim { vol: vol.id, lba, count }) {
+            if !open.push_record(Record::Trim {
+                vol: vol.id,
+                lba,
+                count,
+            }) {
                 return Ok(None);
             }
             vol.map.clear_range(lba, count, |old| self.release(old));
@@ -216,7 +294,11 @@ impl Inner {
                 return Err(Error::AlreadyExists(format!("volume {name:?}")));
             }
             let id = t.next_id;
-            if !open.push_record(Record::VolumeCreate { vol: id, size, name: name.to_owned() }) {
+            if !open.push_record(Record::VolumeCreate {
+                vol: id,
+                size,
+                name: name.to_owned(),
+            }) {
                 return Ok(None);
             }
             t.next_id += 1;
@@ -231,7 +313,10 @@ impl Inner {
     pub(crate) fn log_volume_delete(&self, name: &str) -> Result<()> {
         self.logged(|open| {
             let mut t = self.volumes.write();
-            let id = *t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            let id = *t
+                .by_name
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
             if !open.push_record(Record::VolumeDelete { vol: id }) {
                 return Ok(None);
             }
@@ -246,7 +331,10 @@ impl Inner {
     pub(crate) fn log_volume_resize(&self, name: &str, size: u64) -> Result<()> {
         self.logged(|open| {
             let t = self.volumes.read();
-            let id = *t.by_name.get(name).ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            let id = *t
+                .by_name
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
             if !open.push_record(Record::VolumeResize { vol: id, size }) {
                 return Ok(None);
             }
@@ -279,7 +367,10 @@ impl Inner {
         }
         let down = self.drives.iter().filter(|d| d.usable().is_none()).count();
         if down > self.geo.m as usize {
-            return Err(Error::Unavailable(format!("{down} drives down, parity covers {}", self.geo.m)));
+            return Err(Error::Unavailable(format!(
+                "{down} drives down, parity covers {}",
+                self.geo.m
+            )));
         }
         Ok(())
     }

@@ -58,10 +58,22 @@ fn unaligned_io_holes_and_ranges() {
     let ext = vol.block_status(0, 1 << 20).unwrap();
     assert_eq!(ext.iter().map(|e| e.length).sum::<u64>(), 1 << 20);
     assert_eq!(ext[0].state, BlockState::Data);
-    assert!(matches!(vol.read((1 << 20) - 10, &mut r[..11]), Err(Error::OutOfRange { .. })));
-    assert!(matches!(vol.write(u64::MAX - 3, &r[..11]), Err(Error::OutOfRange { .. })));
-    assert!(matches!(pool.create_volume("v", 10), Err(Error::AlreadyExists(_))));
-    assert!(matches!(pool.create_volume("bad name", 10), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        vol.read((1 << 20) - 10, &mut r[..11]),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        vol.write(u64::MAX - 3, &r[..11]),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        pool.create_volume("v", 10),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        pool.create_volume("bad name", 10),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -71,14 +83,21 @@ fn volumes_create_resize_delete_survive_reopen() {
     pool.create_volume("a", 1 << 20).unwrap();
     pool.create_volume("b", 1 << 20).unwrap();
     pool.volume("a").unwrap().write(0, &block_for(1)).unwrap();
-    pool.volume("b").unwrap().write(4096, &block_for(2)).unwrap();
+    pool.volume("b")
+        .unwrap()
+        .write(4096, &block_for(2))
+        .unwrap();
     pool.resize_volume("a", 2 << 20).unwrap();
     pool.delete_volume("b").unwrap();
     pool.create_volume("c", 4096).unwrap();
     // No close: a crash after the last flush.
     drop(pool);
     let pool = Pool::open(as_refs(&drives)).unwrap();
-    let names: Vec<_> = pool.volumes().into_iter().map(|v| (v.name, v.size)).collect();
+    let names: Vec<_> = pool
+        .volumes()
+        .into_iter()
+        .map(|v| (v.name, v.size))
+        .collect();
     assert_eq!(names, vec![("a".into(), 2 << 20), ("c".into(), 4096)]);
     let mut b = vec![0u8; 4096];
     pool.volume("a").unwrap().read(0, &mut b).unwrap();

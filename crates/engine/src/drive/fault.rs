@@ -34,7 +34,13 @@ impl FaultDrive {
     /// Wraps `inner`; returns the drive and its switches.
     pub fn new(inner: DriveRef) -> (Arc<Self>, Arc<FaultSwitch>) {
         let switch = Arc::new(FaultSwitch::default());
-        (Arc::new(FaultDrive { inner, switch: switch.clone() }), switch)
+        (
+            Arc::new(FaultDrive {
+                inner,
+                switch: switch.clone(),
+            }),
+            switch,
+        )
     }
 }
 

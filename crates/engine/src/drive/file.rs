@@ -23,7 +23,12 @@ pub struct FileDrive {
 impl FileDrive {
     /// Creates (or truncates to) a sparse file of `size` bytes and opens it.
     pub fn create(path: &Path, size: u64) -> io::Result<Self> {
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
         f.set_len(size / 4096 * 4096)?;
         drop(f);
         Self::open(path)
@@ -36,7 +41,12 @@ impl FileDrive {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_with(path, 0)?, false),
             Err(e) => return Err(e),
         };
-        let mut drive = FileDrive { size: 0, file, path: path.to_owned(), direct };
+        let mut drive = FileDrive {
+            size: 0,
+            file,
+            path: path.to_owned(),
+            direct,
+        };
         drive.size = drive.file.seek(SeekFrom::End(0))? / 4096 * 4096;
         if drive.direct && !drive.probe_direct() {
             drive.file = Self::open_with(path, 0)?;
@@ -46,7 +56,11 @@ impl FileDrive {
     }
 
     fn open_with(path: &Path, flags: i32) -> io::Result<File> {
-        OpenOptions::new().read(true).write(true).custom_flags(flags).open(path)
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
     }
 
     /// Some filesystems accept O_DIRECT at open and refuse it at the first read.
@@ -66,7 +80,10 @@ impl FileDrive {
 
 impl Drive for FileDrive {
     fn info(&self) -> DriveInfo {
-        DriveInfo { size: self.size, identity: self.path.display().to_string() }
+        DriveInfo {
+            size: self.size,
+            identity: self.path.display().to_string(),
+        }
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {

@@ -30,7 +30,9 @@ struct Image {
 impl Image {
     fn new(size: u64) -> Self {
         let n = (size as usize).div_ceil(PAGE);
-        Image { pages: (0..n).map(|_| RwLock::new(None)).collect() }
+        Image {
+            pages: (0..n).map(|_| RwLock::new(None)).collect(),
+        }
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) {
@@ -62,7 +64,11 @@ impl Image {
 
     fn snapshot(&self) -> Image {
         Image {
-            pages: self.pages.iter().map(|p| RwLock::new(p.read().clone())).collect(),
+            pages: self
+                .pages
+                .iter()
+                .map(|p| RwLock::new(p.read().clone()))
+                .collect(),
         }
     }
 }
@@ -85,13 +91,21 @@ impl MemDrive {
     /// A zero-filled drive of `size` bytes (rounded down to 4 KiB).
     pub fn new(size: u64, id: impl Into<String>) -> Self {
         let size = size / 4096 * 4096;
-        MemDrive { size, id: id.into(), image: Image::new(size), tracked: None }
+        MemDrive {
+            size,
+            id: id.into(),
+            image: Image::new(size),
+            tracked: None,
+        }
     }
 
     /// A drive with a volatile write cache, for crash tests.
     pub fn tracked(size: u64, id: impl Into<String>) -> Self {
         let mut d = MemDrive::new(size, id);
-        d.tracked = Some(Mutex::new(Tracked { durable: Image::new(d.size), pending: Vec::new() }));
+        d.tracked = Some(Mutex::new(Tracked {
+            durable: Image::new(d.size),
+            pending: Vec::new(),
+        }));
         d
     }
 
@@ -122,14 +136,20 @@ impl MemDrive {
             size: self.size,
             id: self.id.clone(),
             image: img.snapshot(),
-            tracked: Some(Mutex::new(Tracked { durable: img, pending: Vec::new() })),
+            tracked: Some(Mutex::new(Tracked {
+                durable: img,
+                pending: Vec::new(),
+            })),
         }
     }
 }
 
 impl Drive for MemDrive {
     fn info(&self) -> DriveInfo {
-        DriveInfo { size: self.size, identity: self.id.clone() }
+        DriveInfo {
+            size: self.size,
+            identity: self.id.clone(),
+        }
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -193,7 +213,13 @@ mod tests {
         let mut b = vec![0u8; 8192];
         lost.read_at(0, &mut b).unwrap();
         assert!(b[..4096].iter().all(|&x| x == 1) && b[4096..].iter().all(|&x| x == 0));
-        let torn = d.crash(|i, _| if i == 0 { CrashFate::Torn(3) } else { CrashFate::Persisted });
+        let torn = d.crash(|i, _| {
+            if i == 0 {
+                CrashFate::Torn(3)
+            } else {
+                CrashFate::Persisted
+            }
+        });
         torn.read_at(0, &mut b).unwrap();
         assert!(b[..1536].iter().all(|&x| x == 2) && b[1536..4096].iter().all(|&x| x == 1));
         assert!(b[4096..].iter().all(|&x| x == 3));

@@ -45,7 +45,7 @@ pub type DriveRef = Arc<dyn Drive>;
 
 /// Checks the alignment contract of the trait; backends call it first.
 pub(crate) fn check_io(offset: u64, len: usize, size: u64) -> io::Result<()> {
-    if offset % ALIGN as u64 != 0 || len % ALIGN != 0 {
+    if !offset.is_multiple_of(ALIGN as u64) || !len.is_multiple_of(ALIGN) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned drive I/O at {offset} len {len}"),

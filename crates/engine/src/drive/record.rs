@@ -10,7 +10,11 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub enum DriveOp {
     /// A write of `data` at `offset` on drive `drive`.
-    Write { drive: usize, offset: u64, data: Vec<u8> },
+    Write {
+        drive: usize,
+        offset: u64,
+        data: Vec<u8>,
+    },
     /// A completed flush of drive `drive`.
     Flush { drive: usize },
 }
@@ -70,13 +74,20 @@ impl Drive for RecordingDrive {
         // Log under the lock, after the write, so the log order is a valid completion order.
         let mut ops = self.log.ops.lock();
         self.inner.write_at(offset, buf)?;
-        ops.push(DriveOp::Write { drive: self.index, offset, data: buf.to_vec() });
+        ops.push(DriveOp::Write {
+            drive: self.index,
+            offset,
+            data: buf.to_vec(),
+        });
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()?;
-        self.log.ops.lock().push(DriveOp::Flush { drive: self.index });
+        self.log
+            .ops
+            .lock()
+            .push(DriveOp::Flush { drive: self.index });
         Ok(())
     }
 }

@@ -11,7 +11,9 @@ pub struct Writer {
 
 impl Writer {
     pub fn with_capacity(n: usize) -> Self {
-        Writer { buf: Vec::with_capacity(n) }
+        Writer {
+            buf: Vec::with_capacity(n),
+        }
     }
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
@@ -70,13 +72,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         Ok(self.take(N)?.try_into().expect("N bytes"))

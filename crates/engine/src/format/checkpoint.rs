@@ -121,12 +121,21 @@ impl CheckpointImage {
                 let entries = (0..count).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
                 runs.push((lba, entries));
             }
-            volumes.push(VolumeImage { id, name, size, runs });
+            volumes.push(VolumeImage {
+                id,
+                name,
+                size,
+                runs,
+            });
         }
         if r.remaining() != 0 {
             return Err(Error::corrupt("trailing bytes after the checkpoint"));
         }
-        Ok(CheckpointImage { next_volume_id, segment_states, volumes })
+        Ok(CheckpointImage {
+            next_volume_id,
+            segment_states,
+            volumes,
+        })
     }
 }
 
@@ -147,10 +156,16 @@ mod tests {
         let img = CheckpointImage::decode(&buf).unwrap();
         assert_eq!(img.next_volume_id, 5);
         assert_eq!(img.segment_states, vec![0, 1, 2]);
-        assert_eq!(img.volumes[0].runs, vec![(0, vec![1, 2, 3]), (100, vec![9])]);
+        assert_eq!(
+            img.volumes[0].runs,
+            vec![(0, vec![1, 2, 3]), (100, vec![9])]
+        );
         assert_eq!(img.volumes[1].name, "volume-b");
         for n in 0..buf.len() {
-            assert!(CheckpointImage::decode(&buf[..n]).is_err(), "truncated at {n}");
+            assert!(
+                CheckpointImage::decode(&buf[..n]).is_err(),
+                "truncated at {n}"
+            );
         }
     }
 }

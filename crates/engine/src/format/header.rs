@@ -58,7 +58,15 @@ impl ChunkLoc {
 pub enum Record {
     /// Volume block `lba` is stored in data chunk `chunk` at byte `offset` (a 32-byte multiple),
     /// `len` bytes long, with CRC32C `crc` of those bytes.
-    Write { vol: u32, lba: u64, chunk: u8, offset: u32, len: u16, flags: u8, crc: u32 },
+    Write {
+        vol: u32,
+        lba: u64,
+        chunk: u8,
+        offset: u32,
+        len: u16,
+        flags: u8,
+        crc: u32,
+    },
     /// Blocks `[lba, lba + count)` of a volume now read as zeros.
     Trim { vol: u32, lba: u64, count: u64 },
     /// A volume was created.
@@ -82,7 +90,15 @@ impl Record {
 
     fn encode(&self, w: &mut Writer) {
         match self {
-            Record::Write { vol, lba, chunk, offset, len, flags, crc } => {
+            Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                flags,
+                crc,
+            } => {
                 debug_assert!(offset % 32 == 0 && *offset < (1 << 21));
                 w.u8(1);
                 w.u8(*chunk);
@@ -136,11 +152,23 @@ impl Record {
                 if len == 0 || len as usize > BLOCK {
                     return Err(Error::corrupt(format!("write record of {len} bytes")));
                 }
-                Record::Write { vol, lba, chunk, offset, len, flags, crc }
+                Record::Write {
+                    vol,
+                    lba,
+                    chunk,
+                    offset,
+                    len,
+                    flags,
+                    crc,
+                }
             }
             2 => {
                 r.take(3)?;
-                Record::Trim { vol: r.u32()?, lba: r.u64()?, count: r.u64()? }
+                Record::Trim {
+                    vol: r.u32()?,
+                    lba: r.u64()?,
+                    count: r.u64()?,
+                }
             }
             3 => {
                 let n = r.u8()? as usize;
@@ -159,7 +187,10 @@ impl Record {
             }
             5 => {
                 r.take(3)?;
-                Record::VolumeResize { vol: r.u32()?, size: r.u64()? }
+                Record::VolumeResize {
+                    vol: r.u32()?,
+                    size: r.u64()?,
+                }
             }
             k => return Err(Error::corrupt(format!("unknown record kind {k}"))),
         })
@@ -235,11 +266,14 @@ impl ChunkHeader {
     /// Total header length a header's first block announces, if that block looks like a
     /// header of `pool_uuid`; used by scans to know how much more to read.
     pub fn peek_len(first_block: &[u8], pool_uuid: &[u8; 16]) -> Option<usize> {
-        if first_block.len() < FIXED_LEN || first_block[..4] != HDR_MAGIC || &first_block[16..32] != pool_uuid {
+        if first_block.len() < FIXED_LEN
+            || first_block[..4] != HDR_MAGIC
+            || &first_block[16..32] != pool_uuid
+        {
             return None;
         }
         let len = u32::from_le_bytes(first_block[8..12].try_into().ok()?) as usize;
-        (len >= BLOCK && len % BLOCK == 0 && len <= 64 * BLOCK).then_some(len)
+        (len >= BLOCK && len.is_multiple_of(BLOCK) && len <= 64 * BLOCK).then_some(len)
     }
 
     /// Decodes and validates a whole header.
@@ -259,7 +293,7 @@ impl ChunkHeader {
         };
         let full = r.u8()? & 1 == 1;
         let total = r.u32()? as usize;
-        if total < FIXED_LEN || total > buf.len() || total % BLOCK != 0 {
+        if total < FIXED_LEN || total > buf.len() || !total.is_multiple_of(BLOCK) {
             return Err(Error::corrupt(format!("chunk header length {total}")));
         }
         let crc = r.u32()?;
@@ -276,9 +310,15 @@ impl ChunkHeader {
         let parity_len = r.u32()?;
         let nrec = r.u32()? as usize;
         r.u64()?;
-        let expect = if w == 0 { m as usize + 1 } else { w as usize + m as usize };
+        let expect = if w == 0 {
+            m as usize + 1
+        } else {
+            w as usize + m as usize
+        };
         if nchunks != expect || this_chunk as usize >= nchunks {
-            return Err(Error::corrupt(format!("chunk header with {nchunks} chunks, w={w} m={m}")));
+            return Err(Error::corrupt(format!(
+                "chunk header with {nchunks} chunks, w={w} m={m}"
+            )));
         }
         let mut chunks = Vec::with_capacity(nchunks);
         for _ in 0..nchunks {
@@ -291,7 +331,13 @@ impl ChunkHeader {
             if hdr_blocks == 0 || len % BLOCK as u32 != 0 || len > parity_len {
                 return Err(Error::corrupt("bad chunk table entry"));
             }
-            chunks.push(ChunkLoc { drive, hdr_blocks, len, offset, crc });
+            chunks.push(ChunkLoc {
+                drive,
+                hdr_blocks,
+                len,
+                offset,
+                crc,
+            });
         }
         let records = if full {
             let mut recs = Vec::with_capacity(nrec.min(total / 8));
@@ -303,7 +349,18 @@ impl ChunkHeader {
         } else {
             None
         };
-        Ok(ChunkHeader { kind, pool_uuid, seq, segment, this_chunk, w, m, parity_len, chunks, records })
+        Ok(ChunkHeader {
+            kind,
+            pool_uuid,
+            seq,
+            segment,
+            this_chunk,
+            w,
+            m,
+            parity_len,
+            chunks,
+            records,
+        })
     }
 }
 
@@ -322,14 +379,39 @@ mod tests {
             m: 1,
             parity_len: 8192,
             chunks: (0..3)
-                .map(|i| ChunkLoc { drive: i, hdr_blocks: 1, len: 8192, offset: 1 << 20, crc: i as u32 })
+                .map(|i| ChunkLoc {
+                    drive: i,
+                    hdr_blocks: 1,
+                    len: 8192,
+                    offset: 1 << 20,
+                    crc: i as u32,
+                })
                 .collect(),
             records: records.then(|| {
                 vec![
-                    Record::Write { vol: 1, lba: 5, chunk: 0, offset: 4096, len: 4096, flags: 0, crc: 3 },
-                    Record::Trim { vol: 1, lba: 9, count: 100 },
-                    Record::VolumeCreate { vol: 2, size: 1 << 30, name: "db-volume".into() },
-                    Record::VolumeResize { vol: 2, size: 1 << 31 },
+                    Record::Write {
+                        vol: 1,
+                        lba: 5,
+                        chunk: 0,
+                        offset: 4096,
+                        len: 4096,
+                        flags: 0,
+                        crc: 3,
+                    },
+                    Record::Trim {
+                        vol: 1,
+                        lba: 9,
+                        count: 100,
+                    },
+                    Record::VolumeCreate {
+                        vol: 2,
+                        size: 1 << 30,
+                        name: "db-volume".into(),
+                    },
+                    Record::VolumeResize {
+                        vol: 2,
+                        size: 1 << 31,
+                    },
                     Record::VolumeDelete { vol: 1 },
                 ]
             }),

@@ -139,15 +139,29 @@ impl Superblock {
         let cp_crc = r.u32()?;
         let nseg = r.u32()? as usize;
         if nseg > MAX_CHECKPOINT_SEGMENTS {
-            return Err(Error::corrupt(format!("superblock lists {nseg} checkpoint segments")));
+            return Err(Error::corrupt(format!(
+                "superblock lists {nseg} checkpoint segments"
+            )));
         }
         let segments = (0..nseg).map(|_| r.u32()).collect::<Result<Vec<_>>>()?;
-        let geometry = Geometry { k, m, drive_count, chunk_size, segment_size, segment_count, drive_size };
+        let geometry = Geometry {
+            k,
+            m,
+            drive_count,
+            chunk_size,
+            segment_size,
+            segment_count,
+            drive_size,
+        };
         validate_geometry(&geometry)?;
         if drive_index >= drive_count {
-            return Err(Error::corrupt(format!("drive index {drive_index} of {drive_count} drives")));
+            return Err(Error::corrupt(format!(
+                "drive index {drive_index} of {drive_count} drives"
+            )));
         }
-        let members = (0..drive_count).map(|_| r.array::<16>()).collect::<Result<Vec<_>>>()?;
+        let members = (0..drive_count)
+            .map(|_| r.array::<16>())
+            .collect::<Result<Vec<_>>>()?;
         if segments.iter().any(|&s| s >= segment_count) {
             return Err(Error::corrupt("checkpoint segment out of range"));
         }
@@ -157,7 +171,13 @@ impl Superblock {
             members,
             geometry,
             generation,
-            checkpoint: CheckpointRef { seq_start, seq_end, len, crc: cp_crc, segments },
+            checkpoint: CheckpointRef {
+                seq_start,
+                seq_end,
+                len,
+                crc: cp_crc,
+                segments,
+            },
         })
     }
 
@@ -174,16 +194,30 @@ pub fn validate_geometry(g: &Geometry) -> Result<()> {
         return bad(format!("{} drives (1 to {MAX_DRIVES})", g.drive_count));
     }
     if g.k == 0 || g.m > 4 || (g.k + g.m) as usize > g.drive_count as usize {
-        return bad(format!("protection {}+{} on {} drives", g.k, g.m, g.drive_count));
+        return bad(format!(
+            "protection {}+{} on {} drives",
+            g.k, g.m, g.drive_count
+        ));
     }
-    if g.chunk_size == 0 || g.chunk_size % BLOCK as u32 != 0 || g.chunk_size > (2 << 20) {
-        return bad(format!("chunk size {} (4 KiB multiple, at most 2 MiB)", g.chunk_size));
+    if g.chunk_size == 0 || !g.chunk_size.is_multiple_of(BLOCK as u32) || g.chunk_size > (2 << 20) {
+        return bad(format!(
+            "chunk size {} (4 KiB multiple, at most 2 MiB)",
+            g.chunk_size
+        ));
     }
-    if g.segment_size % BLOCK as u64 != 0 || g.segment_size < 4 * (g.chunk_size as u64 + 8 * BLOCK as u64) {
-        return bad(format!("segment size {} too small for chunk size {}", g.segment_size, g.chunk_size));
+    if !g.segment_size.is_multiple_of(BLOCK as u64)
+        || g.segment_size < 4 * (g.chunk_size as u64 + 8 * BLOCK as u64)
+    {
+        return bad(format!(
+            "segment size {} too small for chunk size {}",
+            g.segment_size, g.chunk_size
+        ));
     }
     if g.segment_count == 0 || DATA_START + g.segment_count as u64 * g.segment_size > g.drive_size {
-        return bad(format!("{} segments do not fit drives of {} bytes", g.segment_count, g.drive_size));
+        return bad(format!(
+            "{} segments do not fit drives of {} bytes",
+            g.segment_count, g.drive_size
+        ));
     }
     Ok(())
 }
@@ -207,7 +241,13 @@ mod tests {
                 drive_size: 8 << 20,
             },
             generation: 9,
-            checkpoint: CheckpointRef { seq_start: 3, seq_end: 5, len: 100, crc: 42, segments: vec![1, 2] },
+            checkpoint: CheckpointRef {
+                seq_start: 3,
+                seq_end: 5,
+                len: 100,
+                crc: 42,
+                segments: vec![1, 2],
+            },
         }
     }
 

@@ -9,12 +9,24 @@ pub const DRIVE_SIZE: u64 = 24 << 20;
 
 /// A small geometry that exercises segment rollover quickly.
 pub fn small_config(k: usize, m: usize) -> PoolConfig {
-    PoolConfig { k, m, chunk_size: 16 << 10, segment_size: 1 << 20, checkpoint_interval: 4 << 20 }
+    PoolConfig {
+        k,
+        m,
+        chunk_size: 16 << 10,
+        segment_size: 1 << 20,
+        checkpoint_interval: 4 << 20,
+    }
 }
 
 pub fn mem_drives(n: usize, tracked: bool) -> Vec<Arc<MemDrive>> {
     (0..n)
-        .map(|i| Arc::new(if tracked { MemDrive::tracked(DRIVE_SIZE, format!("mem:{i}")) } else { MemDrive::new(DRIVE_SIZE, format!("mem:{i}")) }))
+        .map(|i| {
+            Arc::new(if tracked {
+                MemDrive::tracked(DRIVE_SIZE, format!("mem:{i}"))
+            } else {
+                MemDrive::new(DRIVE_SIZE, format!("mem:{i}"))
+            })
+        })
         .collect()
 }
 
@@ -24,12 +36,17 @@ pub fn as_refs<T: flashpool_engine::drive::Drive + 'static>(v: &[Arc<T>]) -> Vec
 
 pub fn file_drives(dir: &std::path::Path, n: usize) -> Vec<DriveRef> {
     (0..n)
-        .map(|i| Arc::new(FileDrive::create(&dir.join(format!("d{i}.img")), DRIVE_SIZE).unwrap()) as DriveRef)
+        .map(|i| {
+            Arc::new(FileDrive::create(&dir.join(format!("d{i}.img")), DRIVE_SIZE).unwrap())
+                as DriveRef
+        })
         .collect()
 }
 
 pub fn reopen_files(dir: &std::path::Path, n: usize) -> Vec<DriveRef> {
-    (0..n).map(|i| Arc::new(FileDrive::open(&dir.join(format!("d{i}.img"))).unwrap()) as DriveRef).collect()
+    (0..n)
+        .map(|i| Arc::new(FileDrive::open(&dir.join(format!("d{i}.img"))).unwrap()) as DriveRef)
+        .collect()
 }
 
 /// A 4 KiB block whose every 8 bytes name the write that made it.
