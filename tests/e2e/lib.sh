@@ -1,0 +1,87 @@
+# Shared helpers for the NBD end-to-end checks (sourced, not run).
+#
+# The server under test is chosen by SERVER_KIND:
+#   memserve  - crates/nbd/examples/memserve (memory exports, --data persists)
+#   flashpool - `flashpool serve` (the real product)
+# or given whole by SERVER_CMD (a command prefix that accepts
+# --data DIR --listen HOST:PORT --socket PATH and --stdio).
+# Both start the server the same way:
+#   $SERVER_CMD --data DIR --listen 127.0.0.1:PORT --socket SOCK
+
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$E2E_DIR/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+PY=/usr/bin/python3            # Debian's python3 has the nbd module
+
+server_cmd() {
+    if [ -n "${SERVER_CMD:-}" ]; then echo "$SERVER_CMD"; return; fi
+    case "${SERVER_KIND:-memserve}" in
+        memserve) echo "$TARGET/release/examples/memserve --size ${MEMSERVE_SIZE:-1G}" ;;
+        flashpool) echo "$TARGET/release/flashpool serve" ;;
+        *) echo "unknown SERVER_KIND ${SERVER_KIND}" >&2; return 1 ;;
+    esac
+}
+
+build_server() {
+    [ -n "${SERVER_CMD:-}" ] && return 0
+    case "${SERVER_KIND:-memserve}" in
+        memserve) (cd "$ROOT" && cargo build --release -q -p flashpool-nbd --example memserve) ;;
+        flashpool) (cd "$ROOT" && cargo build --release -q -p flashpool) ;;
+    esac
+}
+
+# A private work dir per check; removed on exit by the caller's trap.
+new_workdir() {
+    WORK=$(mktemp -d /tmp/nbd-e2e.XXXXXX)
+    DATA=$WORK/data
+    SOCK=$WORK/nbd.sock
+    PORT=${PORT:-$((20000 + RANDOM % 20000))}
+    URI_UNIX="nbd+unix:///?socket=$SOCK"
+    URI_TCP="nbd://127.0.0.1:$PORT/"
+}
+
+# start_server: start in the background, wait until it answers.
+start_server() {
+    local cmd; cmd=$(server_cmd) || return 1
+    # shellcheck disable=SC2086
+    $cmd --data "$DATA" --listen "127.0.0.1:$PORT" --socket "$SOCK" \
+        >>"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    local i
+    for i in $(seq 1 300); do
+        if [ -S "$SOCK" ] && timeout 5 nbdinfo --size "$URI_UNIX" >/dev/null 2>&1; then
+            return 0
+        fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            echo "server exited early:" >&2; tail -20 "$WORK/server.log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "server did not come up" >&2
+    return 1
+}
+
+# stop_server: SIGTERM, wait, require exit status 0.
+stop_server() {
+    [ -n "${SERVER_PID:-}" ] || return 0
+    kill -TERM "$SERVER_PID" 2>/dev/null
+    local rc=0
+    wait "$SERVER_PID" || rc=$?
+    SERVER_PID=
+    if [ "$rc" -ne 0 ]; then
+        echo "server exited with status $rc" >&2; tail -20 "$WORK/server.log" >&2
+        return 1
+    fi
+    if [ -e "$SOCK" ]; then echo "socket file left behind" >&2; return 1; fi
+}
+
+cleanup() {
+    if [ -n "${SERVER_PID:-}" ]; then kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
+    [ -n "${WORK:-}" ] && rm -rf "$WORK"
+}
+
+export_size() { nbdinfo --size "$URI_UNIX"; }
+
+die() { echo "FAILED: $*" >&2; exit 1; }
+skip() { echo "SKIP: $*" >&2; exit 77; }
