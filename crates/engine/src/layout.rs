@@ -170,8 +170,12 @@ impl SegmentTable {
                     .collect();
                 if cands.len() >= width {
                     let rot = (seq % n as u64) as usize;
+                    // The least-filled drives keep the segment balanced; rotating the roles
+                    // inside that set by sequence number moves parity to every drive in turn.
                     cands.sort_by_key(|&d| (c.fill[d], (d + n - rot) % n));
                     cands.truncate(width);
+                    cands.sort_unstable();
+                    cands.rotate_left((seq % width as u64) as usize);
                     let base = Self::segment_base(&self.geo, seg);
                     return Ok(StripePlan {
                         segment: seg,
@@ -230,13 +234,15 @@ mod tests {
             let p = t.plan(Stream::Data, &healthy, 20480, seq).unwrap();
             assert_eq!(p.drives.len(), 3);
             parity.push(p.drives[2]);
-            for (d, off) in p.drives.iter().zip(&p.offsets) {
-                t.advance(Stream::Data, *d, off + 20480);
+            // Parity and chunk 0 carry bigger headers: unequal advances must not pin parity.
+            for (i, (d, off)) in p.drives.iter().zip(&p.offsets).enumerate() {
+                let extra = if i == 0 || i == 2 { 4096 } else { 0 };
+                t.advance(Stream::Data, *d, off + 20480 + extra);
             }
         }
         parity.sort();
         parity.dedup();
-        assert!(parity.len() > 1, "parity must rotate");
+        assert_eq!(parity, vec![0, 1, 2, 3], "parity must rotate over every drive");
         // Fill everything: the pool runs out of segments with a clear error.
         let mut err = None;
         for seq in 9..1000 {
