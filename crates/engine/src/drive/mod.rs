@@ -12,7 +12,7 @@ mod record;
 
 pub use fault::{FaultDrive, FaultSwitch};
 pub use file::FileDrive;
-pub use mem::MemDrive;
+pub use mem::{CrashFate, MemDrive};
 pub use record::{DriveLog, DriveOp, RecordingDrive};
 
 use crate::aligned::ALIGN;
