@@ -1,12 +1,356 @@
-//! `flashpool sim`: the NAND SSD simulator's command line.
+//! `flashpool sim`: the NAND SSD simulator's command line: `run` a config or preset, `replay`
+//! a trace, run an `experiment` (CSV + SVG plot + table), `bench` the simulator's own speed,
+//! list `presets`. All modelling lives in the `flashpool-sim` crate; this file only reads
+//! files, prints and plots.
 
-use clap::Args;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use flashpool_sim::config::SimConfig;
+use flashpool_sim::experiments::{self, Experiment};
+use flashpool_sim::{presets, report, trace, Prepared, Report};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// Arguments of `flashpool sim`.
 #[derive(Args)]
-pub struct SimArgs {}
+pub struct SimArgs {
+    #[command(subcommand)]
+    command: SimCommand,
+}
+
+#[derive(Subcommand)]
+enum SimCommand {
+    /// Simulate a config file or a preset and print the report.
+    Run(RunArgs),
+    /// Replay a trace (CSV or blkparse text) on a config's device.
+    Replay(ReplayArgs),
+    /// Run a named experiment; writes NAME.csv and NAME.svg into --out.
+    Experiment(ExperimentArgs),
+    /// Measure the simulator's speed (simulated host I/Os per CPU-second, GC steady state).
+    Bench(BenchArgs),
+    /// List presets, or print one preset's TOML.
+    Presets {
+        /// Preset to print.
+        name: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct DeviceArgs {
+    /// Config TOML file.
+    config: Option<PathBuf>,
+    /// Use a built-in preset (see `flashpool sim presets`).
+    #[arg(long, conflicts_with = "config")]
+    preset: Option<String>,
+    /// Override workload.seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Override workload.ios.
+    #[arg(long)]
+    ios: Option<u64>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceFormat {
+    Csv,
+    Blkparse,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Trace file.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Trace format.
+    #[arg(long, value_enum, default_value = "csv")]
+    format: TraceFormat,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ExperimentArgs {
+    /// scaling, die-bandwidth, waf-vs-op, write-cliff or suspension.
+    name: String,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Smaller devices and fewer I/Os (for smoke tests).
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Preset to benchmark.
+    #[arg(long, default_value = "slc")]
+    preset: String,
+    /// Measured host I/Os.
+    #[arg(long, default_value_t = 2_000_000)]
+    ios: u64,
+}
 
 /// Runs `flashpool sim`.
-pub fn run(_args: SimArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub fn run(args: SimArgs) -> Result<()> {
+    match args.command {
+        SimCommand::Run(a) => cmd_run(a),
+        SimCommand::Replay(a) => cmd_replay(a),
+        SimCommand::Experiment(a) => cmd_experiment(a),
+        SimCommand::Bench(a) => cmd_bench(a),
+        SimCommand::Presets { name } => cmd_presets(name),
+    }
+}
+
+fn load(d: &DeviceArgs) -> Result<SimConfig> {
+    let mut cfg = match (&d.config, &d.preset) {
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            SimConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        (None, Some(name)) => presets::preset(name)?,
+        (None, None) => bail!("give a CONFIG.toml or --preset NAME"),
+        (Some(_), Some(_)) => bail!("give either a CONFIG.toml or --preset, not both"),
+    };
+    if let Some(s) = d.seed {
+        cfg.workload.seed = s;
+    }
+    if let Some(n) = d.ios {
+        cfg.workload.ios = n;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// A progress printer for terminals (no output when stderr is not a terminal).
+fn progress_printer() -> impl FnMut(u64, u64) {
+    let tty = std::io::stderr().is_terminal();
+    let start = Instant::now();
+    move |done, total| {
+        if !tty || start.elapsed().as_millis() < 500 {
+            return;
+        }
+        let pct = if total > 0 && total != u64::MAX {
+            format!(" ({:.0} %)", done as f64 * 100.0 / total as f64)
+        } else {
+            String::new()
+        };
+        let mut e = std::io::stderr();
+        let _ = write!(e, "\r  simulated {done} host I/Os{pct}   ");
+        if done >= total {
+            let _ = writeln!(e);
+        }
+    }
+}
+
+fn print_report(r: &Report, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        print!("{}", report::human(r));
+    }
+    if let Some(f) = &r.failed {
+        eprintln!("flashpool: warning: {f}");
+    }
+    Ok(())
+}
+
+fn cmd_run(a: RunArgs) -> Result<()> {
+    let cfg = load(&a.device)?;
+    let mut p = progress_printer();
+    let r = flashpool_sim::run_with_progress(&cfg, &mut p)?;
+    print_report(&r, a.json)
+}
+
+fn cmd_replay(a: ReplayArgs) -> Result<()> {
+    let cfg = load(&a.device)?;
+    let text = std::fs::read_to_string(&a.trace)
+        .with_context(|| format!("reading {}", a.trace.display()))?;
+    let raw = match a.format {
+        TraceFormat::Csv => trace::parse_csv(&text),
+        TraceFormat::Blkparse => trace::parse_blkparse(&text),
+    }
+    .map_err(anyhow::Error::msg)
+    .with_context(|| format!("in {}", a.trace.display()))?;
+    let recs = trace::resolve(&raw, cfg.geometry.page_size, cfg.logical_pages());
+    let mut p = progress_printer();
+    let r = flashpool_sim::run_trace(&cfg, recs, &mut p)?;
+    print_report(&r, a.json)
+}
+
+fn cmd_presets(name: Option<String>) -> Result<()> {
+    match name {
+        Some(n) => match presets::preset_text(&n) {
+            Some(t) => print!("{t}"),
+            None => {
+                presets::preset(&n)?;
+            }
+        },
+        None => {
+            for (n, _) in presets::PRESETS {
+                let c = presets::preset(n)?;
+                let g = &c.geometry;
+                println!(
+                    "{n:<6} {} ch x {} dies x {} planes, {} blocks/plane x {} pages x {} B, tR {} us, tPROG {} us, tBERS {} us",
+                    g.channels,
+                    g.dies_per_channel,
+                    g.planes_per_die,
+                    g.blocks_per_plane,
+                    g.pages_per_block,
+                    g.page_size,
+                    c.timing.read_us,
+                    c.timing.program_us,
+                    c.timing.erase_us
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// CPU seconds used by this process so far (user + system), from /proc when available.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn cmd_bench(a: BenchArgs) -> Result<()> {
+    let mut cfg = presets::preset(&a.preset)?;
+    cfg.workload.ios = a.ios;
+    cfg.workload.precondition = flashpool_sim::config::Precondition::Steady;
+    let t0 = Instant::now();
+    let prepared = Prepared::new(&cfg)?;
+    let pre_s = t0.elapsed().as_secs_f64();
+    let cpu0 = cpu_seconds();
+    let t1 = Instant::now();
+    let r = prepared.run(&mut |_, _| {});
+    let wall = t1.elapsed().as_secs_f64();
+    let cpu = match (cpu0, cpu_seconds()) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => wall,
+    };
+    println!(
+        "preset {}: {} pages, precondition {:.2} s wall ({} pages written, steady {})",
+        a.preset,
+        r.device.physical_pages,
+        pre_s,
+        r.precondition.host_pages_written,
+        r.precondition.steady
+    );
+    println!(
+        "measured run: {} host I/Os, WAF {:.2}, {} GC page moves, {} erases",
+        r.host_ios, r.waf, r.gc_pages_moved, r.blocks_erased
+    );
+    println!(
+        "speed: {:.2} M simulated host I/Os per CPU-second ({:.2} s CPU, {:.2} s wall; {:.2} M flash pages programmed per CPU-second)",
+        r.host_ios as f64 / cpu / 1e6,
+        cpu,
+        wall,
+        r.flash_pages_programmed as f64 / cpu / 1e6
+    );
+    println!(
+        "memory: {} bytes of simulator state, {:.2} bytes per physical page",
+        r.device.memory_bytes, r.device.memory_bytes_per_page
+    );
+    Ok(())
+}
+
+fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
+    let exp = Experiment::from_name(&a.name)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut log = |msg: &str| {
+        if std::io::stderr().is_terminal() {
+            eprintln!("  {msg}");
+        }
+    };
+    let res = experiments::run(exp, a.quick, &mut log)?;
+    let csv = a.out.join(format!("{}.csv", a.name));
+    std::fs::write(&csv, res.csv()).with_context(|| format!("writing {}", csv.display()))?;
+    let svg = a.out.join(format!("{}.svg", a.name));
+    plot(&res, &svg)?;
+    print!("{}", res.table());
+    println!("wrote {} and {}", csv.display(), svg.display());
+    Ok(())
+}
+
+fn plot(res: &experiments::ExperimentResult, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0f64);
+    for s in &res.series {
+        for &(x, y) in &s.points {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y1 = y1.max(y);
+        }
+    }
+    if x0 > x1 {
+        (x0, x1) = (0.0, 1.0);
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    let e = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("plotting {}: {e:?}", path.display());
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&res.title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, 0f64..y1)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(res.x_label.as_str())
+        .y_desc(res.y_label.as_str())
+        .draw()
+        .map_err(e)?;
+    for (i, s) in res.series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let style = if s.dashed {
+            ShapeStyle::from(&color).stroke_width(1)
+        } else {
+            ShapeStyle::from(&color).stroke_width(2)
+        };
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), style))
+            .map_err(e)?
+            .label(s.name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        if s.points.len() <= 40 {
+            chart
+                .draw_series(
+                    s.points
+                        .iter()
+                        .map(|&p| Circle::new(p, 3, ShapeStyle::from(&color).filled())),
+                )
+                .map_err(e)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
 }

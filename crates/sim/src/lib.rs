@@ -2,10 +2,25 @@
 //! (channels, dies, planes, page-level FTL with GC, wear leveling, bad blocks, suspension).
 //!
 //! The crate does no I/O: callers hand it a [`config::SimConfig`] (and trace text) and get a
-//! [`stats::Report`] back.
+//! [`stats::Report`] back. Start with [`run`].
 
 pub mod config;
+pub mod die;
+pub mod engine;
+pub mod experiments;
 pub mod ftl;
 pub mod geometry;
+pub mod precondition;
+pub mod presets;
+pub mod queue;
+pub mod report;
 pub mod rng;
+pub mod sim;
+pub mod stats;
 pub mod timing;
+pub mod trace;
+pub mod workload;
+
+pub use config::SimConfig;
+pub use sim::{run, run_trace, run_with_progress, Prepared, SimError};
+pub use stats::Report;

@@ -346,9 +346,9 @@ impl Ftl {
     }
 
     /// Moves the next valid page of `plane`'s victim to the plane's GC frontier. Returns the
-    /// page offset (in its block) of the new copy, or `None` when the victim is drained or
-    /// there is no space (then `failed` is set).
-    pub fn gc_move_next(&mut self, plane: u32) -> Option<u32> {
+    /// page offsets (in their blocks) of the old and the new copy, or `None` when the victim
+    /// is drained or there is no space (then `failed` is set).
+    pub fn gc_move_next(&mut self, plane: u32) -> Option<(u32, u32)> {
         let p = plane as usize;
         let v = self.victim[p];
         if v.block == NONE || self.valid[v.block as usize] == 0 {
@@ -388,7 +388,7 @@ impl Ftl {
         } else {
             self.gcf[p].next += 1;
         }
-        Some(f.next)
+        Some((off, f.next))
     }
 
     /// The plane for the `k`-th untimed write: channel-first over dies, then planes.
@@ -491,5 +491,18 @@ mod tests {
         f.trim(5);
         assert_eq!(f.lookup(5), NONE);
         f.check().unwrap();
+    }
+}
+
+impl Ftl {
+    /// Bytes of simulator state held for this device (mapping tables, block tables, pools).
+    pub fn memory_bytes(&self) -> u64 {
+        let g = self.geo;
+        let per_page = 4 * self.l2p.capacity() as u64 + 4 * self.p2l.capacity() as u64;
+        // state 1 + valid 4 + erases 4 + stamp 8 + bucket links 8 + closed pos 4
+        // + closed list 4 + free pool 8
+        let per_block = 41 * g.blocks as u64;
+        let per_plane = g.planes as u64 * (4 * (g.pages_per_block as u64 + 1) + 64);
+        per_page + per_block + per_plane
     }
 }

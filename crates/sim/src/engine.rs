@@ -1,0 +1,678 @@
+//! The timed discrete-event engine: host I/O submission and completion, the per-die
+//! scheduler (reads first, then a suspended operation's resume, then GC against host writes
+//! by the configured priority, then background GC when idle), program/erase suspension, and
+//! the channel bus model (one transfer at a time per channel, first come first served).
+//!
+//! Time is a virtual u64 nanosecond clock. Dies never overlap two operations; planes of a
+//! die share an operation (multi-plane read, program, GC copy and erase).
+
+use crate::config::{GcPriority, SimConfig, Suspension};
+use crate::die::{Die, Op, OpKind, Sub};
+use crate::ftl::{Ftl, FtlCounters, NONE};
+use crate::geometry::Geometry;
+use crate::queue::{EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE};
+use crate::stats::{LatencyRecorder, SamplePoint, SuspendCounters};
+use crate::timing::Timing;
+use crate::trace::TraceRecord;
+use crate::workload::{HostIo, IoOp, JobGen};
+
+#[derive(Debug, Clone, Copy)]
+struct IoSlot {
+    start: u64,
+    remaining: u32,
+    pages: u32,
+    op: IoOp,
+    job: u32,
+}
+
+/// Where host I/Os come from.
+pub enum Source {
+    /// Closed loop: `numjobs` jobs with `iodepth` outstanding I/Os each.
+    Jobs(JobGen),
+    /// Open loop: trace records issued at their timestamps.
+    Trace(Vec<TraceRecord>),
+}
+
+/// Progress callback: (completed host I/Os, expected total).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// The timed simulator state.
+pub struct Engine {
+    geo: Geometry,
+    t: Timing,
+    pub ftl: Ftl,
+    dies: Vec<Die>,
+    chan_free: Vec<u64>,
+    q: EventQueue,
+    pub now: u64,
+    slots: Vec<IoSlot>,
+    free_slots: Vec<u32>,
+    susp_mode: Suspension,
+    max_susp: u8,
+    prio: GcPriority,
+    source: Source,
+    trace_next: usize,
+    numjobs: u32,
+    iodepth: u32,
+    ios_limit: u64,
+    runtime_ns: u64,
+    issued: u64,
+    pub completed: u64,
+    outstanding: u64,
+    wrr: u32,
+    pub lat: [LatencyRecorder; 3],
+    pub ios_by_op: [u64; 3],
+    pub bytes_by_op: [u64; 3],
+    pub host_pages_read: u64,
+    pub suspends: SuspendCounters,
+    pub series: Vec<SamplePoint>,
+    sample_every: u64,
+    last_sample: (u64, u64, u64, u64, u64),
+    pub base: FtlCounters,
+    pub last_completion: u64,
+    pub failed: Option<String>,
+}
+
+impl Engine {
+    /// A new engine over a (possibly preconditioned) FTL.
+    pub fn new(cfg: &SimConfig, ftl: Ftl, source: Source) -> Engine {
+        let geo = ftl.geo;
+        let t = Timing::new(&cfg.timing, geo.page_size);
+        let w = &cfg.workload;
+        let ios_limit = match &source {
+            Source::Jobs(_) => {
+                if w.ios > 0 {
+                    w.ios
+                } else {
+                    u64::MAX
+                }
+            }
+            Source::Trace(r) => r.len() as u64,
+        };
+        let expected = if ios_limit == u64::MAX {
+            100_000
+        } else {
+            ios_limit
+        };
+        let sample_every = if w.sample_every > 0 {
+            w.sample_every
+        } else {
+            (expected / 100).max(1)
+        };
+        let base = ftl.ctr;
+        Engine {
+            dies: (0..geo.dies)
+                .map(|d| Die::new(geo.channel_of_die(d)))
+                .collect(),
+            chan_free: vec![0; geo.channels as usize],
+            q: EventQueue::with_capacity(geo.dies as usize * 2 + 1024),
+            now: 0,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            susp_mode: cfg.ftl.suspension,
+            max_susp: cfg.ftl.max_suspends_per_op as u8,
+            prio: cfg.ftl.gc_priority,
+            source,
+            trace_next: 0,
+            numjobs: w.numjobs,
+            iodepth: w.iodepth,
+            ios_limit,
+            runtime_ns: (w.runtime_ms * 1e6) as u64,
+            issued: 0,
+            completed: 0,
+            outstanding: 0,
+            wrr: 0,
+            lat: Default::default(),
+            ios_by_op: [0; 3],
+            bytes_by_op: [0; 3],
+            host_pages_read: 0,
+            suspends: SuspendCounters::default(),
+            series: Vec::new(),
+            sample_every,
+            last_sample: (
+                0,
+                0,
+                0,
+                base.flash_pages_programmed,
+                base.host_pages_written,
+            ),
+            base,
+            last_completion: 0,
+            failed: None,
+            geo,
+            t,
+            ftl,
+        }
+    }
+
+    /// Runs until every host I/O has completed (or the device fails or stalls).
+    pub fn run(&mut self, progress: Progress<'_>) {
+        let total = self.ios_limit;
+        match &self.source {
+            Source::Jobs(_) => {
+                for job in 0..self.numjobs {
+                    for _ in 0..self.iodepth {
+                        self.issue_next(job);
+                    }
+                }
+            }
+            Source::Trace(r) => {
+                if let Some(first) = r.first() {
+                    self.q.push(first.time_ns, EV_ARRIVAL, 0, 0);
+                }
+            }
+        }
+        let mut next_progress = 1u64 << 16;
+        while let Some(ev) = self.q.pop() {
+            self.now = ev.time;
+            match ev.kind {
+                EV_DIE_DONE => {
+                    if self.dies[ev.target as usize].gen == ev.gen {
+                        self.die_done(ev.target);
+                    }
+                }
+                EV_SENSE_DONE => {
+                    if self.dies[ev.target as usize].gen == ev.gen {
+                        self.sense_done(ev.target);
+                    }
+                }
+                EV_IO_DONE => self.io_done(ev.target),
+                _ => self.arrival(),
+            }
+            if self.ftl.failed.is_some() {
+                self.failed = self.ftl.failed.clone();
+                break;
+            }
+            if self.outstanding == 0 && self.issued >= self.ios_limit.min(self.issued_cap()) {
+                break;
+            }
+            if self.completed >= next_progress {
+                next_progress += 1 << 16;
+                progress(self.completed, total);
+            }
+        }
+        if self.failed.is_none() && self.outstanding > 0 {
+            self.failed = Some(format!(
+                "device stalled with {} host I/Os outstanding: no plane can accept writes and \
+                 GC cannot free space",
+                self.outstanding
+            ));
+        }
+        progress(self.completed, total);
+    }
+
+    /// The issue limit right now (the runtime limit stops issuing).
+    fn issued_cap(&self) -> u64 {
+        if self.runtime_ns > 0 && self.now >= self.runtime_ns {
+            self.issued
+        } else {
+            u64::MAX
+        }
+    }
+
+    fn alloc_slot(&mut self, s: IoSlot) -> u32 {
+        if let Some(i) = self.free_slots.pop() {
+            self.slots[i as usize] = s;
+            i
+        } else {
+            self.slots.push(s);
+            (self.slots.len() - 1) as u32
+        }
+    }
+
+    fn issue_next(&mut self, job: u32) {
+        if self.issued >= self.ios_limit || (self.runtime_ns > 0 && self.now >= self.runtime_ns) {
+            return;
+        }
+        let io = match &mut self.source {
+            Source::Jobs(g) => g.next(job),
+            Source::Trace(_) => return,
+        };
+        self.submit(io, job);
+    }
+
+    fn arrival(&mut self) {
+        let i = self.trace_next;
+        let Source::Trace(recs) = &self.source else {
+            return;
+        };
+        let r = recs[i];
+        if let Some(next) = recs.get(i + 1) {
+            self.q.push(next.time_ns.max(self.now), EV_ARRIVAL, 0, 0);
+        }
+        self.trace_next += 1;
+        self.submit(
+            HostIo {
+                op: r.op,
+                lpa: r.lpa,
+                pages: r.pages,
+            },
+            0,
+        );
+    }
+
+    fn submit(&mut self, io: HostIo, job: u32) {
+        self.issued += 1;
+        self.outstanding += 1;
+        let slot = self.alloc_slot(IoSlot {
+            start: self.now,
+            remaining: 0,
+            pages: io.pages,
+            op: io.op,
+            job,
+        });
+        let logical = self.ftl.logical_pages;
+        match io.op {
+            IoOp::Read => {
+                let mut mapped = 0;
+                for k in 0..io.pages {
+                    let lpa = io.lpa + k;
+                    if lpa >= logical {
+                        continue;
+                    }
+                    let ppa = self.ftl.lookup(lpa);
+                    if ppa != NONE {
+                        mapped += 1;
+                        let d = self.geo.die_of(ppa);
+                        self.dies[d as usize].reads.push_back(Sub { io: slot, lpa });
+                        if !self.dies[d as usize].busy {
+                            self.schedule(d);
+                        } else {
+                            self.maybe_suspend(d);
+                        }
+                    }
+                }
+                self.slots[slot as usize].remaining += mapped;
+                if mapped == 0 {
+                    // Deallocated data reads as zeros without touching the flash.
+                    self.q.push(self.now + self.t.cmd_ns, EV_IO_DONE, slot, 0);
+                }
+            }
+            IoOp::Write => {
+                self.slots[slot as usize].remaining = io.pages;
+                for k in 0..io.pages {
+                    let lpa = (io.lpa + k).min(logical - 1);
+                    let d = self.pick_write_die();
+                    self.dies[d as usize]
+                        .writes
+                        .push_back(Sub { io: slot, lpa });
+                    if !self.dies[d as usize].busy {
+                        self.schedule(d);
+                    }
+                }
+            }
+            IoOp::Trim => {
+                for k in 0..io.pages {
+                    if io.lpa + k < logical {
+                        self.ftl.trim(io.lpa + k);
+                    }
+                }
+                self.q.push(self.now + self.t.cmd_ns, EV_IO_DONE, slot, 0);
+            }
+        }
+    }
+
+    /// Whether some plane of die `d` can take a host write now or after its running GC.
+    #[inline]
+    fn die_can_write(&self, d: u32) -> bool {
+        let p0 = d * self.geo.planes_per_die;
+        (p0..p0 + self.geo.planes_per_die)
+            .any(|p| self.ftl.can_accept_user(p) || self.ftl.has_victim(p))
+    }
+
+    /// Dynamic write allocation: among the next few dies in channel-first stripe order, the
+    /// one with the shortest queue that can take a write.
+    fn pick_write_die(&mut self) -> u32 {
+        let n = self.geo.dies;
+        let window = n.min(4);
+        let mut best = NONE;
+        let mut best_i = 0;
+        let mut best_load = usize::MAX;
+        for k in 0..n {
+            if k >= window && best != NONE {
+                break;
+            }
+            let i = (self.wrr + k) % n;
+            let d = self.geo.stripe_die(i);
+            if !self.die_can_write(d) {
+                continue;
+            }
+            let die = &self.dies[d as usize];
+            let load = die.writes.len() + die.busy as usize;
+            if load < best_load {
+                best_load = load;
+                best = d;
+                best_i = i;
+            }
+        }
+        if best == NONE {
+            best_i = self.wrr;
+            best = self.geo.stripe_die(best_i);
+        }
+        self.wrr = (best_i + 1) % n;
+        best
+    }
+
+    /// Decides what idle die `d` does next.
+    fn schedule(&mut self, d: u32) {
+        let di = d as usize;
+        if self.dies[di].busy {
+            return;
+        }
+        if !self.dies[di].reads.is_empty() {
+            self.issue_read(d, self.now);
+            return;
+        }
+        if self.dies[di].susp.kind != OpKind::Idle {
+            self.resume(d);
+            return;
+        }
+        let ppd = self.geo.planes_per_die;
+        let p0 = d * ppd;
+        let mut fg = false;
+        let mut gc_ready = false;
+        let mut host_ok = false;
+        let has_writes = !self.dies[di].writes.is_empty();
+        for p in p0..p0 + ppd {
+            if self.ftl.needs_fg_gc(p) {
+                fg = true;
+                if !self.ftl.has_victim(p) {
+                    self.ftl.start_victim(p);
+                }
+            }
+            gc_ready |= self.ftl.has_victim(p);
+            host_ok |= has_writes && self.ftl.can_accept_user(p);
+        }
+        let do_gc = if fg && gc_ready && host_ok {
+            match self.prio {
+                GcPriority::Gc => true,
+                GcPriority::Host => false,
+                GcPriority::Fair => {
+                    let turn = self.dies[di].gc_turn;
+                    self.dies[di].gc_turn = !turn;
+                    turn
+                }
+            }
+        } else if host_ok {
+            false
+        } else if gc_ready && (fg || !has_writes) {
+            true
+        } else if !has_writes {
+            // Idle: background GC.
+            let mut any = false;
+            for p in p0..p0 + ppd {
+                if self.ftl.needs_bg_gc(p) && self.ftl.start_victim(p) {
+                    any = true;
+                }
+            }
+            if !any {
+                return;
+            }
+            true
+        } else {
+            // Writes queued but no plane here can take them and GC cannot help: move them.
+            self.redirect_writes(d);
+            return;
+        };
+        if do_gc {
+            self.issue_gc(d);
+        } else {
+            self.issue_program(d);
+        }
+    }
+
+    fn redirect_writes(&mut self, d: u32) {
+        let target = (0..self.geo.dies).find(|&x| x != d && self.die_can_write(x));
+        if let Some(t) = target {
+            let moved: Vec<Sub> = self.dies[d as usize].writes.drain(..).collect();
+            self.dies[t as usize].writes.extend(moved);
+            if !self.dies[t as usize].busy {
+                self.schedule(t);
+            }
+        }
+    }
+
+    fn issue_read(&mut self, d: u32, start: u64) {
+        let ppd = self.geo.planes_per_die;
+        let die = &mut self.dies[d as usize];
+        let mut op = Op::IDLE;
+        op.kind = OpKind::Read;
+        let mut used = 0u32;
+        let mut t_r = 0;
+        while let Some(&s) = die.reads.front() {
+            if op.n as u32 == ppd {
+                break;
+            }
+            let ppa = self.ftl.lookup(s.lpa);
+            let (plane, off) = if ppa == NONE {
+                (0, 0)
+            } else {
+                (self.geo.plane_of(ppa) % ppd, self.geo.page_in_block(ppa))
+            };
+            if used & (1 << plane) != 0 {
+                break;
+            }
+            used |= 1 << plane;
+            t_r = t_r.max(self.t.read(off));
+            op.subs[op.n as usize] = s;
+            op.n += 1;
+            die.reads.pop_front();
+        }
+        op.array_start = start + self.t.cmd_ns;
+        op.end = op.array_start + t_r;
+        die.op = op;
+        die.busy = true;
+        let gen = die.gen;
+        self.host_pages_read += op.n as u64;
+        self.q.push(op.end, EV_SENSE_DONE, d, gen);
+    }
+
+    fn sense_done(&mut self, d: u32) {
+        let die = &mut self.dies[d as usize];
+        let ch = die.channel as usize;
+        let s = self.now.max(self.chan_free[ch]);
+        let e = s + die.op.n as u64 * self.t.xfer_page_ns;
+        self.chan_free[ch] = e;
+        die.op.end = e;
+        let gen = die.gen;
+        self.q.push(e, EV_DIE_DONE, d, gen);
+    }
+
+    fn issue_program(&mut self, d: u32) {
+        let ppd = self.geo.planes_per_die;
+        let p0 = d * ppd;
+        let mut op = Op::IDLE;
+        op.kind = OpKind::Program;
+        let mut t_prog = 0;
+        let mut used = 0u32;
+        let rr = self.dies[d as usize].plane_rr;
+        for k in 0..ppd {
+            let pi = (rr + k) % ppd;
+            let plane = p0 + pi;
+            if used & (1 << pi) != 0 || !self.ftl.can_accept_user(plane) {
+                continue;
+            }
+            let Some(s) = self.dies[d as usize].writes.pop_front() else {
+                break;
+            };
+            used |= 1 << pi;
+            let ppa = self.ftl.write_host(s.lpa, plane);
+            t_prog = t_prog.max(self.t.program(self.geo.page_in_block(ppa)));
+            op.subs[op.n as usize] = s;
+            op.n += 1;
+        }
+        let die = &mut self.dies[d as usize];
+        die.plane_rr = (rr + 1) % ppd;
+        let ch = die.channel as usize;
+        let s = (self.now + self.t.cmd_ns).max(self.chan_free[ch]);
+        let e = s + op.n as u64 * self.t.xfer_page_ns;
+        self.chan_free[ch] = e;
+        op.array_start = e;
+        op.end = e + t_prog;
+        die.op = op;
+        die.busy = true;
+        let gen = die.gen;
+        self.q.push(op.end, EV_DIE_DONE, d, gen);
+    }
+
+    fn issue_gc(&mut self, d: u32) {
+        let ppd = self.geo.planes_per_die;
+        let p0 = d * ppd;
+        let mut op = Op::IDLE;
+        for p in p0..p0 + ppd {
+            if self.ftl.victim_drained(p) {
+                op.planes |= 1 << (p - p0);
+            }
+        }
+        if op.planes != 0 {
+            op.kind = OpKind::Erase;
+            op.array_start = self.now + self.t.cmd_ns;
+            op.end = op.array_start + self.t.erase_ns;
+        } else {
+            op.kind = OpKind::GcCopy;
+            let (mut t_r, mut t_p) = (0, 0);
+            for p in p0..p0 + ppd {
+                if let Some((old, new)) = self.ftl.gc_move_next(p) {
+                    t_r = self.t.read(old).max(t_r);
+                    t_p = self.t.program(new).max(t_p);
+                    op.n += 1;
+                }
+            }
+            if op.n == 0 {
+                return;
+            }
+            op.array_start = self.now + self.t.cmd_ns;
+            op.end = op.array_start + t_r + t_p;
+        }
+        let die = &mut self.dies[d as usize];
+        die.op = op;
+        die.busy = true;
+        let gen = die.gen;
+        self.q.push(op.end, EV_DIE_DONE, d, gen);
+    }
+
+    /// A read arrived at busy die `d`: suspend its program or erase if allowed.
+    fn maybe_suspend(&mut self, d: u32) {
+        let die = &self.dies[d as usize];
+        if die.susp.kind != OpKind::Idle {
+            return;
+        }
+        let op = die.op;
+        let allowed = match (self.susp_mode, op.kind) {
+            (Suspension::ProgramErase, OpKind::Program | OpKind::GcCopy) => true,
+            (Suspension::ProgramErase | Suspension::Erase, OpKind::Erase) => true,
+            _ => false,
+        };
+        if !allowed
+            || op.suspends >= self.max_susp
+            || self.now < op.array_start
+            || self.now >= op.end
+        {
+            return;
+        }
+        let lat = if op.kind == OpKind::Erase {
+            self.suspends.erase += 1;
+            self.t.erase_suspend_ns
+        } else {
+            self.suspends.program += 1;
+            self.t.program_suspend_ns
+        };
+        let die = &mut self.dies[d as usize];
+        die.susp = op;
+        die.susp.suspends += 1;
+        die.susp_remaining = op.end - self.now;
+        die.gen = die.gen.wrapping_add(1);
+        self.issue_read(d, self.now + lat);
+    }
+
+    fn resume(&mut self, d: u32) {
+        let die = &mut self.dies[d as usize];
+        let mut op = die.susp;
+        die.susp = Op::IDLE;
+        op.array_start = self.now + self.t.resume_ns;
+        op.end = op.array_start + die.susp_remaining;
+        die.op = op;
+        die.busy = true;
+        let gen = die.gen;
+        self.q.push(op.end, EV_DIE_DONE, d, gen);
+    }
+
+    fn die_done(&mut self, d: u32) {
+        let op = self.dies[d as usize].op;
+        self.dies[d as usize].busy = false;
+        self.dies[d as usize].op.kind = OpKind::Idle;
+        match op.kind {
+            OpKind::Read | OpKind::Program => {
+                for i in 0..op.n as usize {
+                    self.page_done(op.subs[i].io);
+                }
+            }
+            OpKind::Erase => {
+                let p0 = d * self.geo.planes_per_die;
+                for i in 0..self.geo.planes_per_die {
+                    if op.planes & (1 << i) != 0 {
+                        self.ftl.erase_victim(p0 + i);
+                    }
+                }
+            }
+            OpKind::GcCopy | OpKind::Idle => {}
+        }
+        self.schedule(d);
+    }
+
+    #[inline]
+    fn page_done(&mut self, io: u32) {
+        let s = &mut self.slots[io as usize];
+        s.remaining -= 1;
+        if s.remaining == 0 {
+            self.io_done(io);
+        }
+    }
+
+    fn io_done(&mut self, io: u32) {
+        let s = self.slots[io as usize];
+        self.free_slots.push(io);
+        self.outstanding -= 1;
+        self.completed += 1;
+        self.last_completion = self.now;
+        let k = s.op as usize;
+        self.lat[k].record(self.now - s.start);
+        self.ios_by_op[k] += 1;
+        self.bytes_by_op[k] += s.pages as u64 * self.geo.page_size as u64;
+        if self.completed.is_multiple_of(self.sample_every) {
+            self.sample();
+        }
+        if let Source::Jobs(_) = self.source {
+            self.issue_next(s.job);
+        }
+    }
+
+    fn sample(&mut self) {
+        let (t0, ios0, bytes0, flash0, host0) = self.last_sample;
+        let bytes: u64 = self.bytes_by_op.iter().sum();
+        let flash = self.ftl.ctr.flash_pages_programmed;
+        let host = self.ftl.ctr.host_pages_written;
+        let dt = (self.now - t0) as f64 / 1e9;
+        let (iops, mb_s) = if dt > 0.0 {
+            (
+                (self.completed - ios0) as f64 / dt,
+                (bytes - bytes0) as f64 / dt / 1e6,
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let waf = if host > host0 {
+            (flash - flash0) as f64 / (host - host0) as f64
+        } else {
+            0.0
+        };
+        self.series.push(SamplePoint {
+            t_s: self.now as f64 / 1e9,
+            host_ios: self.completed,
+            iops,
+            mb_s,
+            waf,
+        });
+        self.last_sample = (self.now, self.completed, bytes, flash, host);
+    }
+}

@@ -1,0 +1,229 @@
+//! Measured-run statistics and the [`Report`]: latency HDR histograms per operation, I/O
+//! and byte counts, FTL counters, erase-count distribution, and the time series. The JSON
+//! field names are a stable interface (host_pages_written, waf, iops, read_latency_us, ...).
+
+use crate::ftl::FtlCounters;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latency summary in microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+/// Largest latency the histograms resolve (about 73 simulated minutes); larger values are
+/// clamped in the percentiles (mean and max stay exact).
+pub const MAX_LATENCY_NS: u64 = 1 << 42;
+
+/// Per-operation latency recorder (ns, 3 significant digits; mean and max are exact).
+#[derive(Debug, Clone)]
+pub struct LatencyRecorder {
+    hist: Histogram<u64>,
+    sum_ns: u128,
+    max_ns: u64,
+}
+
+impl Default for LatencyRecorder {
+    fn default() -> Self {
+        LatencyRecorder {
+            hist: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds"),
+            sum_ns: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl LatencyRecorder {
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        self.hist.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+        self.sum_ns += ns as u128;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        let n = self.hist.len();
+        if n == 0 {
+            return LatencySummary::default();
+        }
+        let us = |v: u64| v as f64 / 1000.0;
+        LatencySummary {
+            count: n,
+            mean: self.sum_ns as f64 / n as f64 / 1000.0,
+            p50: us(self.hist.value_at_quantile(0.50)),
+            p99: us(self.hist.value_at_quantile(0.99)),
+            p999: us(self.hist.value_at_quantile(0.999)),
+            max: us(self.max_ns),
+        }
+    }
+}
+
+/// One time-series point (interval values since the previous point).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct SamplePoint {
+    pub t_s: f64,
+    pub host_ios: u64,
+    pub iops: f64,
+    pub mb_s: f64,
+    pub waf: f64,
+}
+
+/// Erase-count distribution over good blocks.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EraseDistribution {
+    pub min: u32,
+    pub max: u32,
+    pub mean: f64,
+    /// [lower bound of the bucket, blocks], up to 16 equal-width buckets.
+    pub histogram: Vec<[u64; 2]>,
+}
+
+impl EraseDistribution {
+    pub fn from_counts(counts: &[u32]) -> EraseDistribution {
+        if counts.is_empty() {
+            return EraseDistribution {
+                min: 0,
+                max: 0,
+                mean: 0.0,
+                histogram: vec![],
+            };
+        }
+        let min = *counts.iter().min().unwrap_or(&0);
+        let max = *counts.iter().max().unwrap_or(&0);
+        let mean = counts.iter().map(|&c| c as f64).sum::<f64>() / counts.len() as f64;
+        let width = ((max - min) as u64 / 16 + 1).max(1);
+        let buckets = ((max - min) as u64 / width + 1) as usize;
+        let mut h = vec![0u64; buckets];
+        for &c in counts {
+            h[((c - min) as u64 / width) as usize] += 1;
+        }
+        EraseDistribution {
+            min,
+            max,
+            mean,
+            histogram: h
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| [min as u64 + i as u64 * width, n])
+                .collect(),
+        }
+    }
+}
+
+/// Suspension counters.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct SuspendCounters {
+    pub program: u64,
+    pub erase: u64,
+}
+
+/// Device facts.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceInfo {
+    pub channels: u32,
+    pub dies: u32,
+    pub planes: u32,
+    pub physical_pages: u64,
+    pub logical_pages: u64,
+    pub page_size: u32,
+    pub op_ratio: f64,
+    pub factory_bad_blocks: u32,
+    pub bad_blocks: u32,
+    /// Simulator state size (mapping, block tables, queues), bytes.
+    pub memory_bytes: u64,
+    pub memory_bytes_per_page: f64,
+}
+
+/// Preconditioning summary.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PreconditionInfo {
+    pub mode: String,
+    pub host_pages_written: u64,
+    pub rounds: u32,
+    pub steady: bool,
+    /// Write amplification of the last round (steady mode).
+    pub waf_last_round: f64,
+}
+
+/// The result of a run. Counters and latencies cover the measured run only.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub name: String,
+    pub seed: u64,
+    pub sim_seconds: f64,
+    pub host_ios: u64,
+    pub read_ios: u64,
+    pub write_ios: u64,
+    pub trim_ios: u64,
+    pub iops: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub mb_s: f64,
+    pub read_mb_s: f64,
+    pub write_mb_s: f64,
+    pub host_pages_read: u64,
+    pub host_pages_written: u64,
+    pub flash_pages_programmed: u64,
+    pub gc_pages_moved: u64,
+    pub wl_pages_moved: u64,
+    pub blocks_erased: u64,
+    pub gc_victims: u64,
+    pub waf: f64,
+    pub read_latency_us: LatencySummary,
+    pub write_latency_us: LatencySummary,
+    pub trim_latency_us: LatencySummary,
+    pub suspensions: SuspendCounters,
+    pub grown_bad_blocks: u64,
+    pub erase_count: EraseDistribution,
+    pub device: DeviceInfo,
+    pub precondition: PreconditionInfo,
+    pub time_series: Vec<SamplePoint>,
+    /// Why the run stopped early (device worn out, stalled), or null.
+    pub failed: Option<String>,
+}
+
+/// Write amplification = flash pages programmed / host pages written (0 when nothing written).
+pub fn waf(c: &FtlCounters) -> f64 {
+    if c.host_pages_written == 0 {
+        0.0
+    } else {
+        c.flash_pages_programmed as f64 / c.host_pages_written as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_summary() {
+        let mut r = LatencyRecorder::default();
+        for v in [1000, 2000, 3000] {
+            r.record(v);
+        }
+        let s = r.summary();
+        assert_eq!(s.count, 3);
+        assert!((s.mean - 2.0).abs() < 1e-9);
+        assert!((s.max - 3.0).abs() < 0.01);
+        assert!((s.p50 - 2.0).abs() < 0.01, "{s:?}");
+        r.record(5_000_000);
+        assert!((r.summary().p999 - 5000.0).abs() < 5.0);
+    }
+
+    #[test]
+    fn erase_distribution() {
+        let d = EraseDistribution::from_counts(&[0, 1, 1, 5]);
+        assert_eq!((d.min, d.max), (0, 5));
+        assert_eq!(d.histogram.iter().map(|h| h[1]).sum::<u64>(), 4);
+    }
+}
