@@ -68,6 +68,8 @@ pub struct Die {
     /// Fair GC priority: whether GC goes next.
     pub gc_turn: bool,
     pub plane_rr: u32,
+    /// Already in the engine's list of dies to schedule at the end of this instant.
+    pub kicked: bool,
 }
 
 impl Die {
@@ -83,6 +85,7 @@ impl Die {
             writes: VecDeque::new(),
             gc_turn: false,
             plane_rr: 0,
+            kicked: false,
         }
     }
 }

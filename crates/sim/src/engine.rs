@@ -60,6 +60,9 @@ pub struct Engine {
     pub completed: u64,
     outstanding: u64,
     wrr: u32,
+    /// Idle dies with new work, scheduled once all events of the current instant are handled
+    /// (so requests arriving together can form multi-plane operations).
+    kicked: Vec<u32>,
     pub lat: [LatencyRecorder; 3],
     pub ios_by_op: [u64; 3],
     pub bytes_by_op: [u64; 3],
@@ -122,6 +125,7 @@ impl Engine {
             completed: 0,
             outstanding: 0,
             wrr: 0,
+            kicked: Vec::with_capacity(geo.dies as usize),
             lat: Default::default(),
             ios_by_op: [0; 3],
             bytes_by_op: [0; 3],
@@ -162,6 +166,7 @@ impl Engine {
                 }
             }
         }
+        self.flush_kicked();
         let mut next_progress = 1u64 << 16;
         while let Some(ev) = self.q.pop() {
             self.now = ev.time;
@@ -178,6 +183,9 @@ impl Engine {
                 }
                 EV_IO_DONE => self.io_done(ev.target),
                 _ => self.arrival(),
+            }
+            if !self.kicked.is_empty() && self.q.peek_time() != Some(self.now) {
+                self.flush_kicked();
             }
             if self.ftl.failed.is_some() {
                 self.failed = self.ftl.failed.clone();
@@ -199,6 +207,27 @@ impl Engine {
             ));
         }
         progress(self.completed, total);
+    }
+
+    /// Marks idle die `d` for scheduling at the end of this instant.
+    #[inline]
+    fn kick(&mut self, d: u32) {
+        let die = &mut self.dies[d as usize];
+        if !die.busy && !die.kicked {
+            die.kicked = true;
+            self.kicked.push(d);
+        }
+    }
+
+    fn flush_kicked(&mut self) {
+        let mut i = 0;
+        while i < self.kicked.len() {
+            let d = self.kicked[i];
+            self.dies[d as usize].kicked = false;
+            self.schedule(d);
+            i += 1;
+        }
+        self.kicked.clear();
     }
 
     /// The issue limit right now (the runtime limit stops issuing).
@@ -276,7 +305,7 @@ impl Engine {
                         let d = self.geo.die_of(ppa);
                         self.dies[d as usize].reads.push_back(Sub { io: slot, lpa });
                         if !self.dies[d as usize].busy {
-                            self.schedule(d);
+                            self.kick(d);
                         } else {
                             self.maybe_suspend(d);
                         }
@@ -296,9 +325,7 @@ impl Engine {
                     self.dies[d as usize]
                         .writes
                         .push_back(Sub { io: slot, lpa });
-                    if !self.dies[d as usize].busy {
-                        self.schedule(d);
-                    }
+                    self.kick(d);
                 }
             }
             IoOp::Trim => {
@@ -426,9 +453,7 @@ impl Engine {
         if let Some(t) = target {
             let moved: Vec<Sub> = self.dies[d as usize].writes.drain(..).collect();
             self.dies[t as usize].writes.extend(moved);
-            if !self.dies[t as usize].busy {
-                self.schedule(t);
-            }
+            self.kick(t);
         }
     }
 
@@ -617,7 +642,7 @@ impl Engine {
             }
             OpKind::GcCopy | OpKind::Idle => {}
         }
-        self.schedule(d);
+        self.kick(d);
     }
 
     #[inline]

@@ -67,6 +67,12 @@ impl EventQueue {
         self.heap.pop()
     }
 
+    /// Time of the earliest event.
+    #[inline]
+    pub fn peek_time(&self) -> Option<u64> {
+        self.heap.peek().map(|e| e.time)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.heap.is_empty()
     }
