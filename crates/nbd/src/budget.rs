@@ -1,11 +1,15 @@
-//! A counting semaphore over bytes: bounds the payload buffers one
-//! connection holds while requests are in flight.
+//! A counting semaphore over bytes: bounds the payload buffers and queued
+//! replies one connection holds. Lock-free when there is room; threads only
+//! sleep (and releases only wake them) when the budget is exhausted.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 pub struct Budget {
     capacity: u64,
-    used: Mutex<u64>,
+    used: AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
     freed: Condvar,
 }
 
@@ -13,8 +17,26 @@ impl Budget {
     pub fn new(capacity: u64) -> Self {
         Budget {
             capacity: capacity.max(1),
-            used: Mutex::new(0),
+            used: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
             freed: Condvar::new(),
+        }
+    }
+
+    fn try_take(&self, n: u64) -> bool {
+        let mut cur = self.used.load(Ordering::SeqCst);
+        loop {
+            if cur + n > self.capacity {
+                return false;
+            }
+            match self
+                .used
+                .compare_exchange_weak(cur, cur + n, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return true,
+                Err(v) => cur = v,
+            }
         }
     }
 
@@ -23,11 +45,15 @@ impl Budget {
     /// to hand back to [`Budget::release`].
     pub fn acquire(&self, n: u64) -> u64 {
         let n = n.min(self.capacity);
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        while *used + n > self.capacity {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        if self.try_take(n) {
+            return n;
         }
-        *used += n;
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while !self.try_take(n) {
+            g = self.freed.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
         n
     }
 
@@ -35,10 +61,12 @@ impl Budget {
         if n == 0 {
             return;
         }
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used -= n.min(*used);
-        drop(used);
-        self.freed.notify_all();
+        self.used.fetch_sub(n, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this wake-up after the waiter's check.
+            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+            self.freed.notify_all();
+        }
     }
 }
 
@@ -61,5 +89,26 @@ mod tests {
             100,
             "an oversized request is clamped, not refused"
         );
+    }
+
+    #[test]
+    fn many_threads_never_exceed_capacity() {
+        let b = Arc::new(Budget::new(1000));
+        let ts: Vec<_> = (0..8)
+            .map(|_| {
+                let b = Arc::clone(&b);
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let n = b.acquire(100 + i % 300);
+                        assert!(b.used.load(Ordering::SeqCst) <= 1000);
+                        b.release(n);
+                    }
+                })
+            })
+            .collect();
+        for t in ts {
+            t.join().unwrap();
+        }
+        assert_eq!(b.used.load(Ordering::SeqCst), 0);
     }
 }

@@ -1,13 +1,18 @@
 //! The transmission phase of one connection: a small pool of worker threads
 //! (grown on demand up to the in-flight limit) that take turns reading the
-//! next request from the socket, execute it against the export and write the
+//! next request from the socket, execute it against the export and send the
 //! reply, so replies go out in completion order. No thread hand-off on the
-//! fast path: the thread that reads a request also answers it.
+//! fast path: the thread that reads a request also answers it. Replies are
+//! sent by flat combining: a worker queues its reply and, if the socket is
+//! free, writes every queued reply in one `writev`; if another worker is
+//! writing, that one picks the queued reply up, so nobody waits for the
+//! socket. Queued replies hold their budget bytes until written, which is
+//! what bounds memory when a client stops reading.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, TryLockError};
 use std::thread::Scope;
 
 use crate::budget::Budget;
@@ -16,6 +21,12 @@ use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::wire::{self, Request};
+
+/// Budget bytes charged for a queued reply without payload (so a client
+/// that never reads its replies cannot make the queue grow without bound).
+const SMALL_REPLY_CHARGE: u64 = 64;
+/// Most buffers handed to one `writev`.
+const MAX_IOV: usize = 512;
 
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
@@ -43,6 +54,9 @@ struct Conn<'a, R, W> {
     s: &'a Session,
     reader: Mutex<ReadSide<R>>,
     writer: Mutex<W>,
+    /// Replies waiting for the socket, with the budget bytes they hold.
+    pending: Mutex<Vec<(Vec<u8>, u64)>>,
+    failed: AtomicBool,
     budget: Budget,
     idle: AtomicUsize,
     workers: AtomicUsize,
@@ -67,6 +81,8 @@ pub fn serve<R: Read + Send, W: Write + Send>(
             done: false,
         }),
         writer: Mutex::new(writer),
+        pending: Mutex::new(Vec::new()),
+        failed: AtomicBool::new(false),
         budget: Budget::new(limits.max_buffer_bytes.max(MAX_PAYLOAD as u64)),
         idle: AtomicUsize::new(0),
         workers: AtomicUsize::new(1),
@@ -79,6 +95,23 @@ pub fn serve<R: Read + Send, W: Write + Send>(
     std::thread::scope(|scope| conn.worker(scope));
 }
 
+/// Write whole buffers with as few `writev` calls as possible.
+fn write_batch<W: Write>(w: &mut W, batch: &[(Vec<u8>, u64)]) -> io::Result<()> {
+    for group in batch.chunks(MAX_IOV) {
+        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|b| IoSlice::new(&b.0)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            match w.write_vectored(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    w.flush()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -89,7 +122,7 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
             self.idle.fetch_add(1, Ordering::SeqCst);
             let job = {
                 let mut rs = lock(&self.reader);
-                if rs.done {
+                if rs.done || self.failed.load(Ordering::SeqCst) {
                     self.idle.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
@@ -123,17 +156,51 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
             let mut held = job.budget;
             let reply = self.execute(&job, &mut held);
             drop(job);
-            let sent = {
-                let mut w = lock(&self.writer);
-                w.write_all(&reply).and_then(|_| w.flush())
-            };
-            drop(reply);
-            self.budget.release(held);
-            if let Err(e) = sent {
-                tracing::debug!("reply write failed, closing: {e}");
-                lock(&self.reader).done = true;
-                (self.closer)(Shutdown::Both);
+            if held == 0 {
+                held = self.budget.acquire(SMALL_REPLY_CHARGE);
+            }
+            if !self.send(reply, held) {
                 return;
+            }
+        }
+    }
+
+    /// Queue a reply and write out the queue if nobody else is writing.
+    /// False once the connection has failed.
+    fn send(&self, reply: Vec<u8>, held: u64) -> bool {
+        if self.failed.load(Ordering::SeqCst) {
+            self.budget.release(held);
+            return false;
+        }
+        lock(&self.pending).push((reply, held));
+        loop {
+            let mut w = match self.writer.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::WouldBlock) => return true, // the writer takes ours too
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            };
+            loop {
+                let batch = std::mem::take(&mut *lock(&self.pending));
+                if batch.is_empty() {
+                    break;
+                }
+                let r = write_batch(&mut *w, &batch);
+                self.budget.release(batch.iter().map(|b| b.1).sum());
+                drop(batch);
+                if let Err(e) = r {
+                    tracing::debug!("reply write failed, closing: {e}");
+                    self.failed.store(true, Ordering::SeqCst);
+                    (self.closer)(Shutdown::Both);
+                    let rest = std::mem::take(&mut *lock(&self.pending));
+                    self.budget.release(rest.iter().map(|b| b.1).sum());
+                    return false;
+                }
+            }
+            drop(w);
+            // A reply queued while we held the socket but after our last
+            // look would otherwise be stranded: look again.
+            if lock(&self.pending).is_empty() || self.failed.load(Ordering::SeqCst) {
+                return !self.failed.load(Ordering::SeqCst);
             }
         }
     }
