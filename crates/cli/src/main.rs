@@ -5,12 +5,22 @@
 //! - `sim`    (sim.rs): the NAND SSD simulator.
 //! - `bench`  (bench.rs): in-process engine benchmarks.
 
+mod bench;
+mod datadir;
+mod export;
+mod serve;
 mod sim;
+mod size;
+mod volume;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "flashpool", version, about = "Pooled, erasure-coded flash storage")]
+#[command(
+    name = "flashpool",
+    version,
+    about = "Pooled, erasure-coded flash storage"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +28,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Export the pool's volumes over NBD (creates a default pool on first run).
+    Serve(serve::ServeArgs),
+    /// Manage the volumes of a data dir.
+    Volume(volume::VolumeArgs),
+    /// In-process engine benchmarks (4 KiB random reads and writes on memory drives).
+    Bench(bench::BenchArgs),
     /// Run the NAND SSD simulator.
     Sim(sim::SimArgs),
 }
@@ -32,6 +48,9 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Volume(args) => volume::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
     };
     if let Err(err) = result {

@@ -242,7 +242,11 @@ mod tests {
         }
         parity.sort();
         parity.dedup();
-        assert_eq!(parity, vec![0, 1, 2, 3], "parity must rotate over every drive");
+        assert_eq!(
+            parity,
+            vec![0, 1, 2, 3],
+            "parity must rotate over every drive"
+        );
         // Fill everything: the pool runs out of segments with a clear error.
         let mut err = None;
         for seq in 9..1000 {

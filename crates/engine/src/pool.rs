@@ -405,7 +405,10 @@ impl Pool {
     }
 
     /// Flushes, checkpoints and stops accepting I/O.
-    pub fn close(self) -> Result<()> {
+    pub fn close(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         self.inner.flush()?;
         self.inner.checkpoint()?;
         self.inner.closed.store(true, Ordering::SeqCst);

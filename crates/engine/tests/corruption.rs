@@ -22,7 +22,10 @@ fn populated(m: usize) -> Vec<Arc<MemDrive>> {
 }
 
 fn clone(drives: &[Arc<MemDrive>]) -> Vec<Arc<MemDrive>> {
-    drives.iter().map(|d| Arc::new(d.crash(|_, _| unreachable!()))).collect()
+    drives
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
+        .collect()
 }
 
 fn flip(d: &MemDrive, byte: u64, bit: u8) {
@@ -42,7 +45,10 @@ fn zeroed_superblocks() {
     }
     let err = Pool::open(as_refs(&d)).err().unwrap();
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
-    assert!(err.to_string().contains("no valid flashpool superblock"), "{err}");
+    assert!(
+        err.to_string().contains("no valid flashpool superblock"),
+        "{err}"
+    );
     // One drive's superblocks zeroed with m = 1: it is treated as missing, data still reads.
     let d = clone(&populated(1));
     d[2].write_at(0, &[0u8; 8192]).unwrap();
@@ -67,7 +73,9 @@ fn flipped_bits_in_one_superblock_slot_fall_back_to_the_other() {
                 .max_by_key(|s| {
                     let mut b = vec![0u8; 4096];
                     x.read_at(s * 4096, &mut b).unwrap();
-                    flashpool_engine::format::superblock::Superblock::decode(&b).map(|s| s.generation).unwrap_or(0)
+                    flashpool_engine::format::superblock::Superblock::decode(&b)
+                        .map(|s| s.generation)
+                        .unwrap_or(0)
                 })
                 .unwrap();
             flip(x, gen_slot * 4096 + bit / 8, (bit % 8) as u8);
@@ -86,7 +94,10 @@ fn flipped_bits_in_one_superblock_slot_fall_back_to_the_other() {
 /// succeeds returns either correct data or an error for every block.
 #[test]
 fn random_corruption_never_panics() {
-    let seed = std::env::var("FLASHPOOL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64);
+    let seed = std::env::var("FLASHPOOL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_u64);
     eprintln!("corruption seed {seed} (set FLASHPOOL_SEED to reproduce)");
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let base = populated(1);
@@ -112,7 +123,10 @@ fn random_corruption_never_panics() {
                 let mut b = vec![0u8; 4096];
                 for lba in 0..512u64 {
                     if vol.read(lba * 4096, &mut b).is_ok() && lba < 300 {
-                        assert!(b == block_for(lba), "seed {seed} round {round}: block {lba} silently wrong");
+                        assert!(
+                            b == block_for(lba),
+                            "seed {seed} round {round}: block {lba} silently wrong"
+                        );
                     }
                 }
             }

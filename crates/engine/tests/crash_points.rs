@@ -22,14 +22,35 @@ struct HostOp {
     effect: Option<Vec<(u64, Vec<u8>)>>,
 }
 
-fn image_at(base: &[Arc<MemDrive>], log: &[DriveOp], cut: usize, torn_sectors: Option<usize>) -> Vec<DriveRef> {
-    let drives: Vec<Arc<MemDrive>> = base.iter().map(|d| Arc::new(d.crash(|_, _| unreachable!()))).collect();
+fn image_at(
+    base: &[Arc<MemDrive>],
+    log: &[DriveOp],
+    cut: usize,
+    torn_sectors: Option<usize>,
+) -> Vec<DriveRef> {
+    let drives: Vec<Arc<MemDrive>> = base
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
+        .collect();
     for op in &log[..cut] {
-        if let DriveOp::Write { drive, offset, data } = op {
+        if let DriveOp::Write {
+            drive,
+            offset,
+            data,
+        } = op
+        {
             drives[*drive].write_at(*offset, data).unwrap();
         }
     }
-    if let (Some(n), Some(DriveOp::Write { drive, offset, data })) = (torn_sectors, log.get(cut)) {
+    if let (
+        Some(n),
+        Some(DriveOp::Write {
+            drive,
+            offset,
+            data,
+        }),
+    ) = (torn_sectors, log.get(cut))
+    {
         // Sectors past the tear keep their old contents: write whole 4 KiB blocks made of the
         // new prefix and the old suffix.
         let keep = (n * 512).min(data.len());
@@ -42,7 +63,10 @@ fn image_at(base: &[Arc<MemDrive>], log: &[DriveOp], cut: usize, torn_sectors: O
 }
 
 fn run(k: usize, m: usize, default_seed: u64) {
-    let seed = std::env::var("FLASHPOOL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default_seed);
+    let seed = std::env::var("FLASHPOOL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_seed);
     eprintln!("crash-point test {k}+{m}, seed {seed} (FLASHPOOL_SEED={seed} to reproduce)");
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     // Set-up, not recorded: a pool with one volume, closed cleanly.
@@ -52,7 +76,10 @@ fn run(k: usize, m: usize, default_seed: u64) {
     pool.close().unwrap();
 
     let log = DriveLog::new();
-    let copies: Vec<Arc<MemDrive>> = base.iter().map(|d| Arc::new(d.crash(|_, _| unreachable!()))).collect();
+    let copies: Vec<Arc<MemDrive>> = base
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
+        .collect();
     let recorded: Vec<DriveRef> = copies
         .iter()
         .enumerate()
@@ -79,10 +106,18 @@ fn run(k: usize, m: usize, default_seed: u64) {
             vol.write(lba * 4096, &data).unwrap();
             Some((0..n).map(|j| (lba + j, block_for(i << 8 | j))).collect())
         };
-        ops.push(HostOp { start, end: log.len(), effect });
+        ops.push(HostOp {
+            start,
+            end: log.len(),
+            effect,
+        });
     }
     pool.flush().unwrap();
-    ops.push(HostOp { start: log.len(), end: log.len(), effect: None });
+    ops.push(HostOp {
+        start: log.len(),
+        end: log.len(),
+        effect: None,
+    });
     drop(pool);
     let log = log.ops();
 
@@ -114,8 +149,9 @@ fn run(k: usize, m: usize, default_seed: u64) {
         let vol = pool.volume("v").unwrap();
         let mut b = vec![0u8; 4096];
         for lba in 0..BLOCKS as usize {
-            vol.read(lba as u64 * 4096, &mut b)
-                .unwrap_or_else(|e| panic!("seed {seed}: cut {cut} torn {torn:?}: block {lba}: {e}"));
+            vol.read(lba as u64 * 4096, &mut b).unwrap_or_else(|e| {
+                panic!("seed {seed}: cut {cut} torn {torn:?}: block {lba}: {e}")
+            });
             assert!(
                 b == durable[lba] || candidates[lba].contains(&b),
                 "seed {seed}: cut {cut} torn {torn:?}: block {lba} is neither its flushed nor a later contents"
@@ -123,7 +159,10 @@ fn run(k: usize, m: usize, default_seed: u64) {
         }
         checked += 1;
     }
-    eprintln!("{k}+{m}: {checked} crash points checked over {} drive operations", log.len());
+    eprintln!(
+        "{k}+{m}: {checked} crash points checked over {} drive operations",
+        log.len()
+    );
 }
 
 #[test]

@@ -35,16 +35,23 @@ fn verify(pool: &Pool, expect: &HashMap<u64, u64>, what: &str) {
     let vol = pool.volume("v").unwrap();
     let mut b = vec![0u8; 4096];
     for lba in 0..1024u64 {
-        vol.read(lba * 4096, &mut b).unwrap_or_else(|e| panic!("{what}: read of block {lba} failed: {e}"));
+        vol.read(lba * 4096, &mut b)
+            .unwrap_or_else(|e| panic!("{what}: read of block {lba} failed: {e}"));
         match expect.get(&lba) {
             Some(s) => assert!(b == block_for(*s), "{what}: block {lba} wrong"),
-            None => assert!(b.iter().all(|&x| x == 0), "{what}: block {lba} should be zero"),
+            None => assert!(
+                b.iter().all(|&x| x == 0),
+                "{what}: block {lba} should be zero"
+            ),
         }
     }
 }
 
 fn copies(drives: &[Arc<MemDrive>]) -> Vec<Arc<MemDrive>> {
-    drives.iter().map(|d| Arc::new(d.crash(|_, _| unreachable!()))).collect()
+    drives
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
+        .collect()
 }
 
 #[test]
@@ -64,11 +71,22 @@ fn every_missing_drive_and_every_pair() {
         }
         for missing in sets {
             let c = copies(&drives);
-            let present: Vec<DriveRef> =
-                (0..5).filter(|i| !missing.contains(i)).map(|i| c[i].clone() as DriveRef).collect();
-            let pool = Pool::open(present).unwrap_or_else(|e| panic!("{k}+{m} without {missing:?}: {e}"));
-            verify(&pool, &expect, &format!("{k}+{m} without drives {missing:?}"));
-            assert!(pool.stats().degraded_reads > 0, "{k}+{m} without {missing:?}: {:?}", pool.stats());
+            let present: Vec<DriveRef> = (0..5)
+                .filter(|i| !missing.contains(i))
+                .map(|i| c[i].clone() as DriveRef)
+                .collect();
+            let pool =
+                Pool::open(present).unwrap_or_else(|e| panic!("{k}+{m} without {missing:?}: {e}"));
+            verify(
+                &pool,
+                &expect,
+                &format!("{k}+{m} without drives {missing:?}"),
+            );
+            assert!(
+                pool.stats().degraded_reads > 0,
+                "{k}+{m} without {missing:?}: {:?}",
+                pool.stats()
+            );
             // Still writable while degraded, and the writes survive a reopen.
             let vol = pool.volume("v").unwrap();
             vol.write(0, &block_for(999_999)).unwrap();
@@ -76,8 +94,14 @@ fn every_missing_drive_and_every_pair() {
         }
         // One more missing drive than parity covers is a clear error.
         let c = copies(&drives);
-        let present: Vec<DriveRef> = c.iter().skip(m + 1).map(|d| d.clone() as DriveRef).collect();
-        let err = Pool::open(present).err().expect("too many missing drives must fail");
+        let present: Vec<DriveRef> = c
+            .iter()
+            .skip(m + 1)
+            .map(|d| d.clone() as DriveRef)
+            .collect();
+        let err = Pool::open(present)
+            .err()
+            .expect("too many missing drives must fail");
         assert!(err.to_string().contains("missing"), "{err}");
     }
 }

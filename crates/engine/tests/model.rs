@@ -34,12 +34,28 @@ struct Setup {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { offset: u64, len: u64, fua: bool, stamp: u64 },
-    Read { offset: u64, len: u64 },
-    Trim { offset: u64, len: u64 },
-    WriteZeroes { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+        fua: bool,
+        stamp: u64,
+    },
+    Read {
+        offset: u64,
+        len: u64,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+    },
     Flush,
-    Crash { seed: u64 },
+    Crash {
+        seed: u64,
+    },
 }
 
 struct RefMachine;
@@ -50,18 +66,43 @@ impl ReferenceStateMachine for RefMachine {
 
     fn init_state() -> BoxedStrategy<Setup> {
         prop_oneof![
-            Just(Setup { k: 4, m: 0, backend: Backend::Mem }),
-            Just(Setup { k: 4, m: 1, backend: Backend::Mem }),
-            Just(Setup { k: 3, m: 2, backend: Backend::Mem }),
-            Just(Setup { k: 4, m: 1, backend: Backend::File }),
-            Just(Setup { k: 2, m: 2, backend: Backend::File }),
+            Just(Setup {
+                k: 4,
+                m: 0,
+                backend: Backend::Mem
+            }),
+            Just(Setup {
+                k: 4,
+                m: 1,
+                backend: Backend::Mem
+            }),
+            Just(Setup {
+                k: 3,
+                m: 2,
+                backend: Backend::Mem
+            }),
+            Just(Setup {
+                k: 4,
+                m: 1,
+                backend: Backend::File
+            }),
+            Just(Setup {
+                k: 2,
+                m: 2,
+                backend: Backend::File
+            }),
         ]
         .boxed()
     }
 
     fn transitions(_: &Setup) -> BoxedStrategy<Op> {
         let range = (0..VOL).prop_flat_map(|o| (Just(o), 1..=(VOL - o).min(40_000)));
-        let aligned = (0..BLOCKS).prop_flat_map(|b| (Just(b * 4096), (1..=(BLOCKS - b).min(24)).prop_map(|n| n * 4096)));
+        let aligned = (0..BLOCKS).prop_flat_map(|b| {
+            (
+                Just(b * 4096),
+                (1..=(BLOCKS - b).min(24)).prop_map(|n| n * 4096),
+            )
+        });
         prop_oneof![
             6 => (aligned, any::<bool>(), any::<u64>()).prop_map(|((offset, len), fua, stamp)| Op::Write { offset, len, fua: fua && stamp % 8 == 0, stamp }),
             3 => (range.clone(), any::<u64>()).prop_map(|((offset, len), stamp)| Op::Write { offset, len, fua: false, stamp }),
@@ -88,7 +129,10 @@ struct Model {
 
 impl Model {
     fn new() -> Self {
-        Model { current: vec![vec![0; 4096]; BLOCKS as usize], candidates: vec![vec![vec![0; 4096]]; BLOCKS as usize] }
+        Model {
+            current: vec![vec![0; 4096]; BLOCKS as usize],
+            candidates: vec![vec![vec![0; 4096]]; BLOCKS as usize],
+        }
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
@@ -162,12 +206,23 @@ impl StateMachineTest for PoolMachine {
         };
         let pool = Pool::create(drives, &small_config(setup.k, setup.m)).unwrap();
         pool.create_volume("v", VOL).unwrap();
-        Sut { setup: setup.clone(), pool: Some(pool), mem, dir, model: Model::new() }
+        Sut {
+            setup: setup.clone(),
+            pool: Some(pool),
+            mem,
+            dir,
+            model: Model::new(),
+        }
     }
 
     fn apply(mut s: Sut, _: &Setup, op: Op) -> Sut {
         match op {
-            Op::Write { offset, len, fua, stamp } => {
+            Op::Write {
+                offset,
+                len,
+                fua,
+                stamp,
+            } => {
                 let data = payload(stamp, len);
                 if fua {
                     s.vol().write_fua(offset, &data).unwrap();
@@ -182,7 +237,10 @@ impl StateMachineTest for PoolMachine {
             Op::Read { offset, len } => {
                 let mut b = vec![0u8; len as usize];
                 s.vol().read(offset, &mut b).unwrap();
-                assert!(b == s.model.read(offset, len), "read [{offset}, +{len}) differs from the model");
+                assert!(
+                    b == s.model.read(offset, len),
+                    "read [{offset}, +{len}) differs from the model"
+                );
             }
             Op::Trim { offset, len } | Op::WriteZeroes { offset, len } => {
                 if matches!(op, Op::Trim { .. }) {
@@ -232,7 +290,10 @@ impl StateMachineTest for PoolMachine {
 }
 
 fn seed() -> u64 {
-    let seed = std::env::var("FLASHPOOL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261121);
+    let seed = std::env::var("FLASHPOOL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261121);
     eprintln!("model test seed {seed} (rerun with FLASHPOOL_SEED={seed})");
     seed
 }

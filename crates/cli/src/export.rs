@@ -1,0 +1,84 @@
+//! The adapter between the engine's volumes and the NBD server's export traits.
+
+use flashpool_engine::{BlockState, Pool, Volume};
+use flashpool_nbd::{Export, ExportError, ExportSet, Extent};
+use std::sync::Arc;
+
+fn err(e: flashpool_engine::Error) -> ExportError {
+    ExportError::from_errno(e.errno(), e.to_string())
+}
+
+/// One volume as an NBD export.
+pub struct VolumeExport(pub Volume);
+
+impl Export for VolumeExport {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.0.read(offset, buf).map_err(err)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        if fua {
+            self.0.write_fua(offset, data)
+        } else {
+            self.0.write(offset, data)
+        }
+        .map_err(err)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.0.flush().map_err(err)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.0.trim(offset, len).map_err(err)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.0.write_zeroes(offset, len).map_err(err)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        Ok(self
+            .0
+            .block_status(offset, len)
+            .map_err(err)?
+            .into_iter()
+            .map(|e| match e.state {
+                BlockState::Data => Extent::data(e.length),
+                BlockState::Hole => Extent::hole(e.length),
+            })
+            .collect())
+    }
+}
+
+/// Every volume of a pool, by name; the empty name is the `default` volume.
+pub struct PoolExports(pub Arc<Pool>);
+
+const DEFAULT: &str = "default";
+
+impl ExportSet for PoolExports {
+    fn list(&self) -> Vec<(String, String)> {
+        self.0
+            .volumes()
+            .into_iter()
+            .map(|v| {
+                (
+                    v.name.clone(),
+                    format!("flashpool volume {} ({} bytes)", v.name, v.size),
+                )
+            })
+            .collect()
+    }
+    fn get(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let name = if name.is_empty() { DEFAULT } else { name };
+        self.0
+            .volume(name)
+            .ok()
+            .map(|v| Arc::new(VolumeExport(v)) as Arc<dyn Export>)
+    }
+    fn canonical_name(&self, name: &str) -> String {
+        if name.is_empty() {
+            DEFAULT.to_string()
+        } else {
+            name.to_string()
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `flashpool serve`: open (or create) the pool in a data dir and export its volumes over NBD
+//! until SIGINT or SIGTERM, then flush, checkpoint and exit 0.
+
+use crate::datadir::{self, PoolShape};
+use crate::export::PoolExports;
+use crate::size::{parse_ec, parse_size};
+use anyhow::{Context, Result};
+use clap::Args;
+use flashpool_nbd::{Config, Server};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Arguments of `flashpool serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Data dir holding the pool (created on first run).
+    #[arg(long, default_value = "flashpool-data")]
+    pub data: PathBuf,
+    /// TCP address to listen on.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub listen: String,
+    /// Also listen on this Unix socket.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Serve one connection on stdin/stdout (for `nbdinfo -- [ flashpool serve --stdio ]`).
+    #[arg(long)]
+    pub stdio: bool,
+    /// Drives of a new pool.
+    #[arg(long, default_value_t = 5)]
+    pub drives: usize,
+    /// Protection of a new pool: K data + M parity chunks per stripe (M = 0, 1 or 2).
+    #[arg(long, default_value = "4+1", value_parser = parse_ec)]
+    pub ec: (usize, usize),
+    /// Size of each drive of a new pool (sparse files).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub drive_size: u64,
+    /// Size of the `default` volume of a new pool (thin).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub volume_size: u64,
+    /// Memory drives instead of files (benchmarks; nothing survives exit).
+    #[arg(long)]
+    pub memory: bool,
+}
+
+/// Runs `flashpool serve`.
+pub fn run(a: ServeArgs) -> Result<()> {
+    let shape = PoolShape {
+        drives: a.drives,
+        k: a.ec.0,
+        m: a.ec.1,
+        drive_size: a.drive_size,
+        memory: a.memory,
+    };
+    let dd = datadir::open_or_create(&a.data, &shape, a.volume_size)?;
+    let info = dd.pool.info();
+    tracing::info!(
+        data = %dd.dir.display(),
+        created = dd.created,
+        drives = info.drive_count,
+        protection = %format!("{}+{}", info.k, info.m),
+        "pool ready"
+    );
+    let pool = Arc::new(dd.pool);
+    let mut server = Server::new(Arc::new(PoolExports(pool.clone())), Config::default())?;
+    let say = |line: String| {
+        if a.stdio {
+            eprintln!("{line}")
+        } else {
+            println!("{line}")
+        }
+    };
+    if a.stdio {
+        server.run_stdio().context("serving stdin/stdout")?;
+    } else {
+        let activated = server.listen_activated().context("socket activation")?;
+        if activated == 0 {
+            let addr = server
+                .listen_tcp(&a.listen)
+                .with_context(|| format!("listening on {}", a.listen))?;
+            for v in pool.volumes() {
+                say(format!("nbd://{addr}/{}", v.name));
+            }
+            if let Some(s) = &a.socket {
+                server
+                    .listen_unix(s)
+                    .with_context(|| format!("listening on {}", s.display()))?;
+                for v in pool.volumes() {
+                    say(format!("nbd+unix:///{}?socket={}", v.name, s.display()));
+                }
+            }
+        } else {
+            say(format!(
+                "serving on {activated} socket-activated listener(s)"
+            ));
+        }
+        let handle = server.shutdown_handle();
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ])?;
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "shutting down");
+                handle.shutdown();
+            }
+        });
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        server.run().context("serving NBD")?;
+    }
+    pool.close().context("closing the pool")?;
+    tracing::info!("pool closed cleanly");
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `flashpool volume create|list|delete|resize` against a data dir (not while a server holds
+//! it: the data dir lock refuses).
+
+use crate::datadir;
+use crate::size::parse_size;
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+/// Arguments of `flashpool volume`.
+#[derive(Args, Debug)]
+pub struct VolumeArgs {
+    /// Data dir holding the pool.
+    #[arg(long, default_value = "flashpool-data", global = true)]
+    pub data: PathBuf,
+    #[command(subcommand)]
+    pub cmd: VolumeCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VolumeCmd {
+    /// Create a thin volume.
+    Create {
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+    /// List volumes.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a volume and free its space.
+    Delete { name: String },
+    /// Grow or shrink a volume.
+    Resize {
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+/// Runs `flashpool volume`.
+pub fn run(a: VolumeArgs) -> Result<()> {
+    let dd = datadir::open_existing(&a.data)?;
+    let pool = &dd.pool;
+    match a.cmd {
+        VolumeCmd::Create { name, size } => {
+            let v = pool.create_volume(&name, size)?;
+            println!("created volume {} ({} bytes)", v.name, v.size);
+        }
+        VolumeCmd::List { json } => {
+            let vols = pool.volumes();
+            if json {
+                let list: Vec<_> = vols
+                    .iter()
+                    .map(|v| serde_json::json!({"name": v.name, "size": v.size, "id": v.id, "map_bytes": v.map_bytes}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<24} {:>16}", "NAME", "SIZE");
+                for v in vols {
+                    println!("{:<24} {:>16}", v.name, v.size);
+                }
+            }
+        }
+        VolumeCmd::Delete { name } => {
+            pool.delete_volume(&name)?;
+            println!("deleted volume {name}");
+        }
+        VolumeCmd::Resize { name, size } => {
+            pool.resize_volume(&name, size)?;
+            println!("resized volume {name} to {size} bytes");
+        }
+    }
+    pool.close()?;
+    Ok(())
+}
