@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): formatting, lints, every Rust test, then the
+# end-to-end checks with real NBD clients against `flashpool serve`.
+#
+# As root, missing client packages (tests/e2e/apt-packages.txt) are installed with apt-get.
+# FLASHPOOL_SKIP_E2E=1 runs the Rust part only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --workspace
+
+if [ "${FLASHPOOL_SKIP_E2E:-0}" != 1 ]; then
+    step "end-to-end checks with real NBD clients"
+    E2E_INSTALL=1 bash tests/e2e/run-all.sh flashpool
+fi
