@@ -6,7 +6,8 @@
 //! across restarts; saved on SIGINT/SIGTERM after the connections drained),
 //! `--listen HOST:PORT` (default 127.0.0.1:10809), `--socket PATH`, `--stdio`,
 //! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
-//! `default`, which also answers to the empty name), `--no-tcp`.
+//! `default`, which also answers to the empty name), `--no-tcp`,
+//! `--workers N` (requests in flight per connection).
 //! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
 
 use std::path::PathBuf;
@@ -37,6 +38,7 @@ struct Args {
     no_tcp: bool,
     size: u64,
     exports: Vec<String>,
+    workers: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -48,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
         no_tcp: false,
         size: 1 << 30,
         exports: vec!["default".into()],
+        workers: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -60,8 +63,11 @@ fn parse_args() -> Result<Args, String> {
             "--no-tcp" => a.no_tcp = true,
             "--size" => a.size = parse_size(&val("--size")?)?,
             "--export" => a.exports.push(val("--export")?),
+            "--workers" => {
+                a.workers = Some(val("--workers")?.parse().map_err(|_| "bad --workers")?)
+            }
             "-h" | "--help" => {
-                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]...");
+                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]... [--workers N]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument '{other}'")),
@@ -101,7 +107,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         disks.push((image, disk));
     }
     set.set_default("default");
-    let mut server = Server::new(Arc::new(set), Config::default())?;
+    let mut config = Config::default();
+    if let Some(w) = args.workers {
+        config.max_in_flight_per_connection = w;
+    }
+    let mut server = Server::new(Arc::new(set), config)?;
     let stop = server.shutdown_handle();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
