@@ -101,6 +101,12 @@ struct BenchArgs {
     /// Measured host I/Os.
     #[arg(long, default_value_t = 2_000_000)]
     ios: u64,
+    /// Override ftl.op_ratio (sets the steady-state write amplification).
+    #[arg(long)]
+    op_ratio: Option<f64>,
+    /// Override workload.rw (default: the preset's, randwrite for all presets).
+    #[arg(long)]
+    rw: Option<String>,
 }
 
 /// Runs `flashpool sim`.
@@ -234,6 +240,14 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let mut cfg = presets::preset(&a.preset)?;
     cfg.workload.ios = a.ios;
     cfg.workload.precondition = flashpool_sim::config::Precondition::Steady;
+    if let Some(op) = a.op_ratio {
+        cfg.ftl.op_ratio = op;
+    }
+    if let Some(rw) = &a.rw {
+        cfg.workload.rw = serde_json::from_value(serde_json::Value::String(rw.clone()))
+            .with_context(|| format!("bad --rw {rw:?}"))?;
+    }
+    cfg.validate()?;
     let t0 = Instant::now();
     let prepared = Prepared::new(&cfg)?;
     let pre_s = t0.elapsed().as_secs_f64();

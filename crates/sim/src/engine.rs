@@ -10,7 +10,7 @@ use crate::config::{GcPriority, SimConfig, Suspension};
 use crate::die::{Die, Op, OpKind, Sub};
 use crate::ftl::{Ftl, FtlCounters, NONE};
 use crate::geometry::Geometry;
-use crate::queue::{EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE};
+use crate::queue::{EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE, GEN_MASK};
 use crate::stats::{LatencyRecorder, SamplePoint, SuspendCounters};
 use crate::timing::Timing;
 use crate::trace::TraceRecord;
@@ -70,6 +70,7 @@ pub struct Engine {
     pub suspends: SuspendCounters,
     pub series: Vec<SamplePoint>,
     sample_every: u64,
+    sample_countdown: u64,
     last_sample: (u64, u64, u64, u64, u64),
     pub base: FtlCounters,
     pub last_completion: u64,
@@ -133,6 +134,7 @@ impl Engine {
             suspends: SuspendCounters::default(),
             series: Vec::new(),
             sample_every,
+            sample_countdown: sample_every,
             last_sample: (
                 0,
                 0,
@@ -172,12 +174,12 @@ impl Engine {
             self.now = ev.time;
             match ev.kind {
                 EV_DIE_DONE => {
-                    if self.dies[ev.target as usize].gen == ev.gen {
+                    if self.dies[ev.target as usize].gen & GEN_MASK == ev.gen {
                         self.die_done(ev.target);
                     }
                 }
                 EV_SENSE_DONE => {
-                    if self.dies[ev.target as usize].gen == ev.gen {
+                    if self.dies[ev.target as usize].gen & GEN_MASK == ev.gen {
                         self.sense_done(ev.target);
                     }
                 }
@@ -664,7 +666,9 @@ impl Engine {
         self.lat[k].record(self.now - s.start);
         self.ios_by_op[k] += 1;
         self.bytes_by_op[k] += s.pages as u64 * self.geo.page_size as u64;
-        if self.completed.is_multiple_of(self.sample_every) {
+        self.sample_countdown -= 1;
+        if self.sample_countdown == 0 {
+            self.sample_countdown = self.sample_every;
             self.sample();
         }
         if let Source::Jobs(_) = self.source {

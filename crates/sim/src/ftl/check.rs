@@ -10,7 +10,7 @@ impl Ftl {
     pub fn check(&self) -> Result<(), String> {
         let g = self.geo;
         for (lpa, &ppa) in self.l2p.iter().enumerate() {
-            if ppa != NONE && self.p2l[ppa as usize] != lpa as u32 {
+            if ppa != NONE && (!self.is_valid(ppa) || self.p2l[ppa as usize] != lpa as u32) {
                 return Err(format!(
                     "lpa {lpa} -> ppa {ppa} but ppa maps back to {}",
                     self.p2l[ppa as usize]
@@ -19,7 +19,7 @@ impl Ftl {
         }
         let mut counts = vec![0u32; g.blocks as usize];
         for (ppa, &lpa) in self.p2l.iter().enumerate() {
-            if lpa != NONE {
+            if self.is_valid(ppa as u32) {
                 if self.l2p[lpa as usize] != ppa as u32 {
                     return Err(format!("ppa {ppa} holds lpa {lpa} which maps elsewhere"));
                 }

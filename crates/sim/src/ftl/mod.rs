@@ -108,7 +108,11 @@ pub struct Ftl {
     /// Logical pages exported.
     pub logical_pages: u32,
     pub(crate) l2p: Vec<u32>,
+    /// Physical to logical page; meaningful only where the page's `vbits` bit is set.
     pub(crate) p2l: Vec<u32>,
+    /// One valid bit per physical page (small enough to stay in cache, so invalidating a
+    /// page touches no random line of `p2l`).
+    pub(crate) vbits: Vec<u64>,
     pub(crate) state: Vec<BlockState>,
     pub(crate) valid: Vec<u32>,
     pub(crate) erases: Vec<u32>,
@@ -161,6 +165,7 @@ impl Ftl {
             logical_pages: logical_pages as u32,
             l2p: vec![NONE; logical_pages as usize],
             p2l: vec![NONE; geo.pages as usize],
+            vbits: vec![0; (geo.pages as usize).div_ceil(64)],
             state: vec![BlockState::Free; blocks],
             valid: vec![0; blocks],
             erases: vec![0; blocks],
@@ -269,7 +274,7 @@ impl Ftl {
 
     #[inline]
     fn invalidate(&mut self, ppa: u32) {
-        self.p2l[ppa as usize] = NONE;
+        self.vbits[(ppa >> 6) as usize] &= !(1u64 << (ppa & 63));
         let b = self.geo.block_of(ppa);
         let v = self.valid[b as usize];
         self.valid[b as usize] = v - 1;
@@ -287,10 +292,17 @@ impl Ftl {
         self.closed[plane].push(b);
     }
 
+    /// Whether physical page `ppa` holds valid data.
+    #[inline]
+    pub fn is_valid(&self, ppa: u32) -> bool {
+        self.vbits[(ppa >> 6) as usize] & (1u64 << (ppa & 63)) != 0
+    }
+
     #[inline]
     fn place(&mut self, lpa: u32, ppa: u32) {
         self.l2p[lpa as usize] = ppa;
         self.p2l[ppa as usize] = lpa;
+        self.vbits[(ppa >> 6) as usize] |= 1u64 << (ppa & 63);
         self.valid[self.geo.block_of(ppa) as usize] += 1;
         self.write_clock += 1;
         self.ctr.flash_pages_programmed += 1;
@@ -356,8 +368,14 @@ impl Ftl {
         }
         let base = self.geo.first_page(v.block);
         let mut off = v.scan;
-        while self.p2l[(base + off) as usize] == NONE {
-            off += 1;
+        loop {
+            let ppa = base + off;
+            let word = self.vbits[(ppa >> 6) as usize] >> (ppa & 63);
+            if word != 0 {
+                off += word.trailing_zeros();
+                break;
+            }
+            off += 64 - (ppa & 63);
         }
         self.victim[p].scan = off + 1;
         let old = base + off;
@@ -374,7 +392,7 @@ impl Ftl {
         let f = self.gcf[p];
         let ppa = self.geo.first_page(f.block) + f.next;
         let lpa = self.p2l[old as usize];
-        self.p2l[old as usize] = NONE;
+        self.vbits[(old >> 6) as usize] &= !(1u64 << (old & 63));
         self.valid[v.block as usize] -= 1;
         self.place(lpa, ppa);
         if v.wl {
@@ -498,7 +516,9 @@ impl Ftl {
     /// Bytes of simulator state held for this device (mapping tables, block tables, pools).
     pub fn memory_bytes(&self) -> u64 {
         let g = self.geo;
-        let per_page = 4 * self.l2p.capacity() as u64 + 4 * self.p2l.capacity() as u64;
+        let per_page = 4 * self.l2p.capacity() as u64
+            + 4 * self.p2l.capacity() as u64
+            + 8 * self.vbits.capacity() as u64;
         // state 1 + valid 4 + erases 4 + stamp 8 + bucket links 8 + closed pos 4
         // + closed list 4 + free pool 8
         let per_block = 41 * g.blocks as u64;
