@@ -5,7 +5,6 @@
 //! leaf is full, plus 8 bytes of directory per 2 MiB of volume size. Lookups are a shared
 //! directory lock plus one atomic load, so reads of different blocks never serialise.
 
-use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -98,48 +97,91 @@ impl Entry {
     }
 }
 
-/// The block map of one volume.
+const LEAF_BITS: u32 = 9;
+const MID_BITS: u32 = 12;
+const MID_ENTRIES: usize = 1 << MID_BITS;
+const TOP_ENTRIES: usize = 4096;
+/// Largest volume a map can describe, in blocks (32 TiB of 4 KiB blocks).
+pub const MAX_BLOCKS: u64 = (TOP_ENTRIES * MID_ENTRIES * LEAF_ENTRIES) as u64;
+
+type Mid = [OnceLock<Box<Leaf>>; MID_ENTRIES];
+
+/// The block map of one volume: a fixed three-level radix tree (4096 x 4096 x 512 entries)
+/// whose inner levels are allocated on first write. A lookup is two acquire loads and the
+/// entry's own load, with no lock, so readers on different cores never share a written cache
+/// line. A fully written 2 MiB region costs 8 bytes per block plus 16 bytes of middle level.
 pub struct BlockMap {
-    dir: RwLock<Vec<OnceLock<Box<Leaf>>>>,
+    top: Box<[OnceLock<Box<Mid>>]>,
 }
 
 fn new_leaf() -> Box<Leaf> {
     Box::new(std::array::from_fn(|_| AtomicU64::new(0)))
 }
 
-impl BlockMap {
-    /// A map for `blocks` blocks, all unmapped.
-    pub fn new(blocks: u64) -> Self {
-        let n = (blocks as usize).div_ceil(LEAF_ENTRIES);
+fn new_mid() -> Box<Mid> {
+    let v: Vec<OnceLock<Box<Leaf>>> = (0..MID_ENTRIES).map(|_| OnceLock::new()).collect();
+    v.into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("MID_ENTRIES entries"))
+}
+
+fn split(lba: u64) -> (usize, usize, usize) {
+    let l = lba as usize;
+    (
+        l >> (LEAF_BITS + MID_BITS),
+        (l >> LEAF_BITS) & (MID_ENTRIES - 1),
+        l & (LEAF_ENTRIES - 1),
+    )
+}
+
+impl Default for BlockMap {
+    fn default() -> Self {
         BlockMap {
-            dir: RwLock::new((0..n).map(|_| OnceLock::new()).collect()),
+            top: (0..TOP_ENTRIES).map(|_| OnceLock::new()).collect(),
         }
     }
+}
 
-    /// The raw entry of block `lba` (0 when unmapped or out of range).
+impl BlockMap {
+    /// An empty map (every block unmapped).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn leaf(&self, lba: u64) -> Option<&Leaf> {
+        if lba >= MAX_BLOCKS {
+            return None;
+        }
+        let (t, m, _) = split(lba);
+        self.top[t].get()?[m].get().map(|b| &**b)
+    }
+
+    /// The raw entry of block `lba` (0 when unmapped).
     pub fn get(&self, lba: u64) -> u64 {
-        let dir = self.dir.read();
-        match dir.get(lba as usize / LEAF_ENTRIES).and_then(|l| l.get()) {
-            Some(leaf) => leaf[lba as usize % LEAF_ENTRIES].load(Ordering::Acquire),
+        match self.leaf(lba) {
+            Some(leaf) => leaf[lba as usize & (LEAF_ENTRIES - 1)].load(Ordering::Acquire),
             None => 0,
         }
     }
 
-    /// Stores `new` for block `lba`, returning the old raw entry. `lba` must be in range.
+    /// Stores `new` for block `lba` (< MAX_BLOCKS), returning the old raw entry.
     pub fn swap(&self, lba: u64, new: u64) -> u64 {
-        let dir = self.dir.read();
-        let slot = &dir[lba as usize / LEAF_ENTRIES];
-        if new == 0 && slot.get().is_none() {
-            return 0;
+        assert!(lba < MAX_BLOCKS, "block {lba} past the map's reach");
+        let (t, m, i) = split(lba);
+        if new == 0 {
+            return match self.leaf(lba) {
+                Some(leaf) => leaf[i].swap(0, Ordering::AcqRel),
+                None => 0,
+            };
         }
-        slot.get_or_init(new_leaf)[lba as usize % LEAF_ENTRIES].swap(new, Ordering::AcqRel)
+        let mid = self.top[t].get_or_init(new_mid);
+        mid[m].get_or_init(new_leaf)[i].swap(new, Ordering::AcqRel)
     }
 
     /// Replaces `old` by `new` for block `lba` if it still holds `old`.
     pub fn compare_exchange(&self, lba: u64, old: u64, new: u64) -> bool {
-        let dir = self.dir.read();
-        match dir.get(lba as usize / LEAF_ENTRIES).and_then(|l| l.get()) {
-            Some(leaf) => leaf[lba as usize % LEAF_ENTRIES]
+        match self.leaf(lba) {
+            Some(leaf) => leaf[lba as usize & (LEAF_ENTRIES - 1)]
                 .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok(),
             None => false,
@@ -148,17 +190,25 @@ impl BlockMap {
 
     /// Unmaps blocks `[lba, lba + count)`, calling `released` with each old mapped entry.
     pub fn clear_range(&self, lba: u64, count: u64, mut released: impl FnMut(u64)) {
-        let dir = self.dir.read();
-        let end = (lba + count).min(dir.len() as u64 * LEAF_ENTRIES as u64);
+        let end = lba.saturating_add(count).min(MAX_BLOCKS);
         let mut b = lba;
         while b < end {
-            let li = b as usize / LEAF_ENTRIES;
-            let leaf_end = ((li + 1) * LEAF_ENTRIES) as u64;
-            if let Some(leaf) = dir[li].get() {
-                for x in b..end.min(leaf_end) {
-                    let old = leaf[x as usize % LEAF_ENTRIES].swap(0, Ordering::AcqRel);
-                    if old != 0 {
-                        released(old);
+            let leaf_end = (b | (LEAF_ENTRIES as u64 - 1)) + 1;
+            let (t, m, _) = split(b);
+            match self.top[t].get() {
+                None => {
+                    b = ((t as u64 + 1) << (LEAF_BITS + MID_BITS)).min(end.max(b + 1));
+                    continue;
+                }
+                Some(mid) => {
+                    if let Some(leaf) = mid[m].get() {
+                        for x in b..end.min(leaf_end) {
+                            let old =
+                                leaf[x as usize & (LEAF_ENTRIES - 1)].swap(0, Ordering::AcqRel);
+                            if old != 0 {
+                                released(old);
+                            }
+                        }
                     }
                 }
             }
@@ -168,53 +218,48 @@ impl BlockMap {
 
     /// Calls `f(first_lba, entries)` for every run of consecutive mapped blocks, in order.
     pub fn for_each_run(&self, mut f: impl FnMut(u64, &[u64])) {
-        let dir = self.dir.read();
         let mut run: Vec<u64> = Vec::new();
         let mut start = 0u64;
-        for (li, slot) in dir.iter().enumerate() {
-            let Some(leaf) = slot.get() else {
-                if !run.is_empty() {
-                    f(start, &run);
-                    run.clear();
-                }
+        let mut flush = |run: &mut Vec<u64>, start: u64| {
+            if !run.is_empty() {
+                f(start, run);
+                run.clear();
+            }
+        };
+        for (t, mid) in self.top.iter().enumerate() {
+            let Some(mid) = mid.get() else {
+                flush(&mut run, start);
                 continue;
             };
-            for (i, e) in leaf.iter().enumerate() {
-                let v = e.load(Ordering::Acquire);
-                let lba = (li * LEAF_ENTRIES + i) as u64;
-                if v == 0 {
-                    if !run.is_empty() {
-                        f(start, &run);
-                        run.clear();
+            for (m, leaf) in mid.iter().enumerate() {
+                let Some(leaf) = leaf.get() else {
+                    flush(&mut run, start);
+                    continue;
+                };
+                for (i, e) in leaf.iter().enumerate() {
+                    let v = e.load(Ordering::Acquire);
+                    if v == 0 {
+                        flush(&mut run, start);
+                    } else {
+                        if run.is_empty() {
+                            start = (((t << MID_BITS) | m) << LEAF_BITS | i) as u64;
+                        }
+                        run.push(v);
                     }
-                } else {
-                    if run.is_empty() {
-                        start = lba;
-                    }
-                    run.push(v);
                 }
             }
         }
-        if !run.is_empty() {
-            f(start, &run);
-        }
+        flush(&mut run, start);
     }
 
-    /// Grows or shrinks the map to `blocks`; shrinking releases the dropped entries.
-    pub fn resize(&self, blocks: u64, released: impl FnMut(u64)) {
-        let old_blocks = self.dir.read().len() as u64 * LEAF_ENTRIES as u64;
-        if blocks < old_blocks {
-            self.clear_range(blocks, old_blocks - blocks, released);
-        }
-        let n = (blocks as usize).div_ceil(LEAF_ENTRIES);
-        self.dir.write().resize_with(n, OnceLock::new);
-    }
-
-    /// Bytes of RAM the map uses now (directory plus allocated leaves).
+    /// Bytes of RAM the map uses now.
     pub fn memory_bytes(&self) -> usize {
-        let dir = self.dir.read();
-        dir.len() * std::mem::size_of::<OnceLock<Box<Leaf>>>()
-            + dir.iter().filter(|l| l.get().is_some()).count() * std::mem::size_of::<Leaf>()
+        let mut n = std::mem::size_of_val(&*self.top);
+        for mid in self.top.iter().filter_map(|m| m.get()) {
+            n += std::mem::size_of::<Mid>();
+            n += mid.iter().filter(|l| l.get().is_some()).count() * std::mem::size_of::<Leaf>();
+        }
+        n
     }
 }
 
@@ -257,7 +302,7 @@ mod tests {
 
     #[test]
     fn map_ops() {
-        let m = BlockMap::new(2000);
+        let m = BlockMap::new();
         assert_eq!(m.get(5), 0);
         assert_eq!(m.swap(5, 11), 0);
         assert_eq!(m.swap(5, 12), 11);
@@ -271,8 +316,12 @@ mod tests {
         let mut rel = vec![];
         m.clear_range(0, 1000, |e| rel.push(e));
         assert_eq!(rel, vec![13, 1]);
-        m.resize(1000, |e| rel.push(e));
+        m.clear_range(1000, u64::MAX, |e| rel.push(e));
         assert_eq!(rel, vec![13, 1, 2]);
+        m.swap(MAX_BLOCKS - 1, 7);
+        let mut runs = vec![];
+        m.for_each_run(|l, e| runs.push((l, e.to_vec())));
+        assert_eq!(runs, vec![(MAX_BLOCKS - 1, vec![7])]);
         assert_eq!(m.get(1500), 0);
     }
 }

@@ -358,6 +358,7 @@ impl Pool {
     /// partial block is usable up to `size`).
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
         validate_name(name)?;
+        validate_size(size)?;
         let info = self.inner.log_volume_create(name, size)?;
         self.flush()?;
         Ok(info)
@@ -371,6 +372,7 @@ impl Pool {
 
     /// Grows or shrinks a volume; shrinking discards the blocks past the new end.
     pub fn resize_volume(&self, name: &str, size: u64) -> Result<()> {
+        validate_size(size)?;
         self.inner.log_volume_resize(name, size)?;
         self.flush()
     }
@@ -450,6 +452,16 @@ impl Pool {
             .fail_drive(index, &std::io::Error::other("failed by request"));
         Ok(())
     }
+}
+
+/// Volume sizes: up to what a block map reaches (32 TiB).
+pub(crate) fn validate_size(size: u64) -> Result<()> {
+    if size > crate::map::MAX_BLOCKS * 4096 {
+        return Err(Error::invalid(format!(
+            "volume size {size} exceeds the 32 TiB maximum"
+        )));
+    }
+    Ok(())
 }
 
 /// Volume names: 1 to 255 bytes of letters, digits, '-', '_', '.'.

@@ -22,13 +22,14 @@ impl VolumeState {
             id,
             name: name.to_owned(),
             size: AtomicU64::new(size),
-            map: BlockMap::new(size.div_ceil(B)),
+            map: BlockMap::new(),
             deleted: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn resize(&self, size: u64, released: impl FnMut(u64)) {
-        self.map.resize(size.div_ceil(B), released);
+        let blocks = size.div_ceil(B);
+        self.map.clear_range(blocks, u64::MAX - blocks, released);
         self.size.store(size, Ordering::SeqCst);
     }
 }
