@@ -142,6 +142,7 @@ fn base(geometry: GeometryConfig, timing: TimingConfig) -> SimConfig {
         ..SimConfig::default()
     };
     c.workload.bs = Size::Bytes(4096);
+    c.ftl.op_ratio = 0.1;
     c
 }
 
@@ -180,7 +181,7 @@ fn scaling(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentResult, S
             channels: 2 * m,
             dies_per_channel: 4,
             planes_per_die: 2,
-            blocks_per_plane: if quick { 32 } else { 64 },
+            blocks_per_plane: 64,
             pages_per_block: 64,
             page_size: 4096,
         };
@@ -281,7 +282,7 @@ fn die_bandwidth(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentRes
                 channels,
                 dies_per_channel: n / channels,
                 planes_per_die: 1,
-                blocks_per_plane: if quick { 32 } else { 64 },
+                blocks_per_plane: 64,
                 pages_per_block: 64,
                 page_size: 4096,
             };
@@ -463,7 +464,7 @@ fn suspension(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentResult
                 channels: 2,
                 dies_per_channel: 2,
                 planes_per_die: 2,
-                blocks_per_plane: if quick { 32 } else { 64 },
+                blocks_per_plane: 64,
                 pages_per_block: 128,
                 page_size: 8192,
             };

@@ -13,7 +13,7 @@ use crate::workload::JobGen;
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("trace: {0}")]
     Trace(String),

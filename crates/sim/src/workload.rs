@@ -108,7 +108,8 @@ impl AddressGen {
     }
 }
 
-/// The job generator: one sequential cursor per job, a shared random stream.
+/// The job generator: sequential cursors per job and direction (as fio keeps one position
+/// per data direction), a shared random stream.
 #[derive(Debug, Clone)]
 pub struct JobGen {
     addr: AddressGen,
@@ -125,7 +126,7 @@ impl JobGen {
             rw: cfg.workload.rw,
             mixread: cfg.workload.rwmixread,
             rng: SimRng::new(cfg.workload.seed, 0x10B),
-            cursors: vec![0; cfg.workload.numjobs as usize],
+            cursors: vec![0; 2 * cfg.workload.numjobs as usize],
         }
     }
 
@@ -146,7 +147,7 @@ impl JobGen {
         let slot = if self.rw.is_random() {
             self.addr.random_slot(&mut self.rng)
         } else {
-            let c = &mut self.cursors[job as usize];
+            let c = &mut self.cursors[2 * job as usize + (op == IoOp::Write) as usize];
             let s = *c;
             *c = if s + 1 >= self.addr.slots { 0 } else { s + 1 };
             s

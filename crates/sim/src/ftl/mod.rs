@@ -383,7 +383,9 @@ impl Ftl {
             let b = self.open_block(plane);
             if b == NONE {
                 self.failed = Some(format!(
-                    "GC in plane {plane} found no free block for its frontier"
+                    "device can no longer hold its logical capacity: plane {plane} has no \
+                     free block left for GC ({} bad blocks)",
+                    self.bad_blocks()
                 ));
                 return None;
             }

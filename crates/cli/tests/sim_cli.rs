@@ -1,0 +1,158 @@
+//! CLI-level tests of `flashpool sim`: `run` with a config file and with a preset, the JSON
+//! keys of the stable interface, determinism across processes, clear errors for bad configs,
+//! trace replay and a quick experiment.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flashpool"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flashpool-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+const CONFIG: &str = r#"
+[geometry]
+channels = 2
+dies_per_channel = 2
+planes_per_die = 1
+blocks_per_plane = 32
+pages_per_block = 16
+page_size = 4096
+
+[timing]
+read_us = 25.0
+program_us = 200.0
+erase_us = 1500.0
+channel_mt_s = 400
+bus_width_bits = 8
+
+[ftl]
+op_ratio = 0.2
+gc_policy = "greedy"
+gc_threshold_blocks = 3
+suspension = "program-erase"
+
+[workload]
+rw = "randrw"
+rwmixread = 70
+bs = 4096
+iodepth = 8
+ios = 5000
+seed = 7
+precondition = "steady"
+"#;
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = bin().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn run_config_json_has_stable_keys_and_is_deterministic() {
+    let path = tmp("cfg.toml");
+    std::fs::write(&path, CONFIG).unwrap();
+    let p = path.to_str().unwrap();
+    let a = run_json(&["sim", "run", p, "--json"]);
+    for key in [
+        "host_pages_written",
+        "flash_pages_programmed",
+        "gc_pages_moved",
+        "blocks_erased",
+        "waf",
+        "iops",
+        "sim_seconds",
+    ] {
+        assert!(a[key].is_number(), "missing {key}");
+    }
+    for lat in ["read_latency_us", "write_latency_us"] {
+        for k in ["mean", "p50", "p99", "p999", "max"] {
+            assert!(a[lat][k].is_number(), "missing {lat}.{k}");
+        }
+    }
+    assert_eq!(a["host_ios"], 5000);
+    assert!(a["waf"].as_f64().unwrap() >= 1.0);
+    let b = run_json(&["sim", "run", p, "--json"]);
+    assert_eq!(a, b, "same seed must give identical JSON");
+    let human = bin().args(["sim", "run", p]).output().unwrap();
+    assert!(human.status.success());
+    assert!(String::from_utf8_lossy(&human.stdout).contains("WAF"));
+}
+
+#[test]
+fn run_preset() {
+    let v = run_json(&["sim", "run", "--preset", "small", "--ios", "2000", "--json"]);
+    assert_eq!(v["host_ios"], 2000);
+    assert_eq!(v["name"], "small");
+}
+
+#[test]
+fn bad_config_is_a_clear_error() {
+    let path = tmp("bad.toml");
+    std::fs::write(&path, "[ftl]\ngc_policy = \"lru\"\n").unwrap();
+    let out = bin()
+        .args(["sim", "run", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gc_policy") || err.contains("lru"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = bin()
+        .args(["sim", "run", "--preset", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown preset"));
+}
+
+#[test]
+fn replay_csv_trace() {
+    let cfg = tmp("replay.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let tr = tmp("trace.csv");
+    std::fs::write(
+        &tr,
+        "timestamp_us,op,offset,length\n0,W,0,4096\n5,R,0,4096\n9,T,0,4096\n",
+    )
+    .unwrap();
+    let v = run_json(&[
+        "sim",
+        "replay",
+        cfg.to_str().unwrap(),
+        "--trace",
+        tr.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(v["host_ios"], 3);
+}
+
+#[test]
+fn quick_experiment_writes_csv_and_svg() {
+    let out = tmp("exp");
+    let o = bin()
+        .args([
+            "sim",
+            "experiment",
+            "scaling",
+            "--quick",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(out.join("scaling.csv")).unwrap();
+    assert!(csv.starts_with("modules,"));
+    let svg = std::fs::read_to_string(out.join("scaling.svg")).unwrap();
+    assert!(svg.contains("<svg"));
+}

@@ -1,0 +1,190 @@
+//! Feature behaviour: suspension lowers read tail latency, wear leveling narrows the
+//! erase-count spread, bad blocks shrink capacity until the device reports failure, TRIM and
+//! trace replay, and bad configs are errors rather than panics.
+
+mod common;
+
+use common::small;
+use flashpool_sim::config::{Distribution, Precondition, Rw, SimConfig, Suspension};
+use flashpool_sim::trace;
+
+#[test]
+fn suspension_cuts_read_tail_latency() {
+    let mut c = small(1, 2, 1);
+    c.timing.program_us = 1500.0;
+    c.timing.erase_us = 5000.0;
+    c.workload.rw = Rw::Randrw;
+    c.workload.rwmixread = 67;
+    c.workload.numjobs = 2;
+    c.workload.precondition = Precondition::Steady;
+    c.workload.ios = 6000;
+    let off = flashpool_sim::run(&c).unwrap();
+    c.ftl.suspension = Suspension::ProgramErase;
+    let on = flashpool_sim::run(&c).unwrap();
+    assert_eq!(off.suspensions.program + off.suspensions.erase, 0);
+    assert!(
+        on.suspensions.program > 0 && on.suspensions.erase > 0,
+        "{:?}",
+        on.suspensions
+    );
+    assert!(
+        on.read_latency_us.max < off.read_latency_us.max / 2.0,
+        "max {} vs {}",
+        on.read_latency_us.max,
+        off.read_latency_us.max
+    );
+    assert!(on.read_latency_us.p99 < off.read_latency_us.p99);
+    c.ftl.suspension = Suspension::Erase;
+    let erase_only = flashpool_sim::run(&c).unwrap();
+    assert_eq!(erase_only.suspensions.program, 0);
+    assert!(erase_only.suspensions.erase > 0);
+}
+
+#[test]
+fn static_wear_leveling_narrows_spread() {
+    let mut c = small(1, 1, 1);
+    c.ftl.op_ratio = 0.25;
+    c.workload.rw = Rw::Randwrite;
+    c.workload.distribution = Distribution::Hotcold;
+    c.workload.hot_fraction = 0.1;
+    c.workload.hot_access = 1.0;
+    c.workload.precondition = Precondition::Fill;
+    c.workload.ios = 40_000;
+    let plain = flashpool_sim::run(&c).unwrap();
+    c.ftl.static_wl_threshold = 10;
+    let wl = flashpool_sim::run(&c).unwrap();
+    assert_eq!(plain.wl_pages_moved, 0);
+    assert!(wl.wl_pages_moved > 0);
+    let spread = |r: &flashpool_sim::Report| r.erase_count.max - r.erase_count.min;
+    assert!(
+        spread(&wl) < spread(&plain),
+        "{} vs {}",
+        spread(&wl),
+        spread(&plain)
+    );
+}
+
+#[test]
+fn grown_bad_blocks_until_capacity_is_lost() {
+    let mut c = small(1, 1, 1);
+    c.ftl.endurance = 20;
+    c.workload.precondition = Precondition::Fill;
+    c.workload.ios = 1_000_000;
+    let r = flashpool_sim::run(&c).unwrap();
+    assert!(r.grown_bad_blocks > 0);
+    let msg = r
+        .failed
+        .expect("the device must report it can no longer hold its capacity");
+    assert!(msg.contains("logical capacity"), "{msg}");
+    assert!(r.host_ios < 1_000_000);
+}
+
+#[test]
+fn factory_bad_blocks_are_placed() {
+    let mut c = small(2, 1, 2);
+    c.ftl.factory_bad_blocks_per_die = 3;
+    c.workload.precondition = Precondition::Steady;
+    c.workload.ios = 5000;
+    let r = flashpool_sim::run(&c).unwrap();
+    assert_eq!(r.device.bad_blocks, 6);
+    assert!(r.failed.is_none());
+    // Too many for the logical capacity: reported, not a panic.
+    c.ftl.op_ratio = 0.2;
+    c.ftl.factory_bad_blocks_per_die = 14;
+    let r = flashpool_sim::run(&c);
+    assert!(r.is_err() || r.unwrap().failed.is_some());
+}
+
+#[test]
+fn trace_replay_and_trim() {
+    let c = small(1, 2, 1);
+    let text = "timestamp_us,op,offset,length\n0,W,0,8192\n10,W,8192,4096\n20,R,0,4096\n\
+                1000,T,0,8192\n1010,R,0,4096\n2000,R,8192,4096\n";
+    let raw = trace::parse_csv(text).unwrap();
+    let recs = trace::resolve(&raw, 4096, c.logical_pages());
+    let r = flashpool_sim::run_trace(&c, recs, &mut |_, _| {}).unwrap();
+    assert_eq!(r.host_ios, 6);
+    assert_eq!((r.read_ios, r.write_ios, r.trim_ios), (3, 2, 1));
+    assert_eq!(r.host_pages_written, 3);
+    // The read after the trim hits deallocated space: overhead only.
+    assert!(r.read_latency_us.count == 3);
+    assert!(r.sim_seconds >= 0.002);
+}
+
+#[test]
+fn blkparse_replay() {
+    let c = small(1, 2, 1);
+    let text = "  8,0    0        1     0.000000000   697  Q   W 0 + 64 [fio]\n\
+                  8,0    0        2     0.000100000   697  Q   R 0 + 8 [fio]\n";
+    let raw = trace::parse_blkparse(text).unwrap();
+    let recs = trace::resolve(&raw, 4096, c.logical_pages());
+    let r = flashpool_sim::run_trace(&c, recs, &mut |_, _| {}).unwrap();
+    assert_eq!(r.host_pages_written, 8);
+    assert_eq!(r.read_ios, 1);
+}
+
+#[test]
+fn bad_configs_error_without_panic() {
+    for bad in [
+        "[ftl]\nop_ratio = 1.5",
+        "[ftl]\nop_ratio = 0.01",
+        "[geometry]\nplanes_per_die = 9",
+        "[workload]\nspan = \"200%\"",
+        "[workload]\nrwmixread = 101",
+        "[workload]\niodepth = 0",
+        "[timing]\nread_us = -1.0",
+        "[geometry]\nchannels = 100000\ndies_per_channel = 100000",
+        "not toml at all [",
+    ] {
+        let e = SimConfig::from_toml(bad);
+        assert!(e.is_err(), "{bad}");
+    }
+}
+
+/// Random small configs run to completion with every invariant checked after each GC.
+#[test]
+fn randomized_configs_keep_invariants() {
+    use flashpool_sim::config::{GcPolicy, GcPriority};
+    let base_seed = std::env::var("SIM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_260_101u64);
+    for i in 0..12u64 {
+        let seed = base_seed + i;
+        let mut r = flashpool_sim::rng::SimRng::new(seed, 99);
+        let mut c = small(
+            1 + r.below(2) as u32,
+            1 + r.below(3) as u32,
+            1 + r.below(3) as u32,
+        );
+        c.ftl.op_ratio = 0.15 + r.unit() * 0.3;
+        c.ftl.gc_policy = GcPolicy::ALL[r.below(4) as usize];
+        c.ftl.gc_priority =
+            [GcPriority::Gc, GcPriority::Host, GcPriority::Fair][r.below(3) as usize];
+        c.ftl.suspension = [
+            Suspension::None,
+            Suspension::Erase,
+            Suspension::ProgramErase,
+        ][r.below(3) as usize];
+        c.ftl.static_wl_threshold = [0, 5, 50][r.below(3) as usize];
+        c.workload.rw = [Rw::Randwrite, Rw::Randrw, Rw::Write, Rw::Rw][r.below(4) as usize];
+        c.workload.bs = flashpool_sim::config::Size::Bytes(4096 << r.below(3));
+        c.workload.iodepth = 1 + r.below(16) as u32;
+        c.workload.numjobs = 1 + r.below(2) as u32;
+        c.workload.distribution = [
+            Distribution::Uniform,
+            Distribution::Zipf,
+            Distribution::Hotcold,
+        ][r.below(3) as usize];
+        c.workload.precondition =
+            [Precondition::None, Precondition::Fill, Precondition::Steady][r.below(3) as usize];
+        c.workload.seed = seed;
+        c.workload.ios = 3000;
+        let result = std::panic::catch_unwind(|| flashpool_sim::run(&c));
+        match result {
+            Ok(Ok(rep)) => assert!(rep.failed.is_none(), "seed {seed}: {:?}", rep.failed),
+            Ok(Err(e)) => panic!("seed {seed}: config error {e}"),
+            Err(_) => panic!("seed {seed} panicked (rerun with SIM_TEST_SEED={seed})"),
+        }
+    }
+}
