@@ -89,9 +89,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 }
             }
         } else {
-            say(format!(
-                "serving on {activated} socket-activated listener(s)"
-            ));
+            // Spawned by a client (nbdinfo -- [ ... ]): stdout may be the client's own output.
+            eprintln!("serving on {activated} socket-activated listener(s)");
         }
         let handle = server.shutdown_handle();
         let mut signals = signal_hook::iterator::Signals::new([
