@@ -305,7 +305,7 @@ pub fn parse_size(s: &str) -> Result<SizeText, String> {
         .trim()
         .parse()
         .map_err(|_| format!("bad size {s:?} (use bytes or a suffix k, m, g, t, or a %)"))?;
-    if !(v >= 0.0) || !v.is_finite() {
+    if v.is_nan() || v < 0.0 || !v.is_finite() {
         return Err(format!("bad size {s:?}"));
     }
     Ok(SizeText::Bytes((v * mult as f64).round() as u64))
@@ -436,7 +436,7 @@ impl SimConfig {
             ("timing.erase_suspend_us", t.erase_suspend_us),
             ("timing.resume_us", t.resume_us),
         ] {
-            if !(v >= 0.0 && v < 1e9) {
+            if !(0.0..1e9).contains(&v) {
                 return err(format!("{name} must be a non-negative number of us"));
             }
         }
@@ -450,7 +450,7 @@ impl SimConfig {
             if v.len() > 4 {
                 return err(format!("{name} has {} entries; at most 4 (QLC)", v.len()));
             }
-            if v.iter().any(|x| !(*x >= 0.0 && *x < 1e9)) {
+            if v.iter().any(|x| !(0.0..1e9).contains(x)) {
                 return err(format!("{name} must hold non-negative us"));
             }
         }
@@ -512,7 +512,7 @@ impl SimConfig {
         if w.ios == 0 && w.runtime_ms <= 0.0 {
             return err("workload.ios or workload.runtime_ms must be positive");
         }
-        if !(w.runtime_ms >= 0.0) {
+        if w.runtime_ms.is_nan() || w.runtime_ms < 0.0 {
             return err("workload.runtime_ms must be non-negative");
         }
         if w.distribution == Distribution::Zipf && !(w.zipf_theta > 0.0 && w.zipf_theta < 100.0) {

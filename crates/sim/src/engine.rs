@@ -585,11 +585,11 @@ impl Engine {
             return;
         }
         let op = die.op;
-        let allowed = match (self.susp_mode, op.kind) {
-            (Suspension::ProgramErase, OpKind::Program | OpKind::GcCopy) => true,
-            (Suspension::ProgramErase | Suspension::Erase, OpKind::Erase) => true,
-            _ => false,
-        };
+        let allowed = matches!(
+            (self.susp_mode, op.kind),
+            (Suspension::ProgramErase, OpKind::Program | OpKind::GcCopy)
+                | (Suspension::ProgramErase | Suspension::Erase, OpKind::Erase)
+        );
         if !allowed
             || op.suspends >= self.max_susp
             || self.now < op.array_start

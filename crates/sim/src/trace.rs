@@ -55,7 +55,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<RawRequest>, String> {
             return Err(bad("expected timestamp_us,op,offset,length"));
         }
         let t: f64 = f[0].parse().map_err(|_| bad("bad timestamp"))?;
-        if !(t >= 0.0) {
+        if t.is_nan() || t < 0.0 {
             return Err(bad("negative timestamp"));
         }
         let op = parse_op(f[1]).ok_or_else(|| bad("op must be R, W or T"))?;

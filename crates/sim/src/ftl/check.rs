@@ -7,6 +7,7 @@ use super::{BlockState, Ftl, NONE};
 
 impl Ftl {
     /// Checks all invariants; returns the first violation.
+    #[allow(clippy::needless_range_loop)]
     pub fn check(&self) -> Result<(), String> {
         let g = self.geo;
         for (lpa, &ppa) in self.l2p.iter().enumerate() {

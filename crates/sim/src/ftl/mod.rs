@@ -454,6 +454,21 @@ impl Ftl {
     }
 }
 
+impl Ftl {
+    /// Bytes of simulator state held for this device (mapping tables, block tables, pools).
+    pub fn memory_bytes(&self) -> u64 {
+        let g = self.geo;
+        let per_page = 4 * self.l2p.capacity() as u64
+            + 4 * self.p2l.capacity() as u64
+            + 8 * self.vbits.capacity() as u64;
+        // state 1 + valid 4 + erases 4 + stamp 8 + bucket links 8 + closed pos 4
+        // + closed list 4 + free pool 8
+        let per_block = 41 * g.blocks as u64;
+        let per_plane = g.planes as u64 * (4 * (g.pages_per_block as u64 + 1) + 64);
+        per_page + per_block + per_plane
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,20 +526,5 @@ mod tests {
         f.trim(5);
         assert_eq!(f.lookup(5), NONE);
         f.check().unwrap();
-    }
-}
-
-impl Ftl {
-    /// Bytes of simulator state held for this device (mapping tables, block tables, pools).
-    pub fn memory_bytes(&self) -> u64 {
-        let g = self.geo;
-        let per_page = 4 * self.l2p.capacity() as u64
-            + 4 * self.p2l.capacity() as u64
-            + 8 * self.vbits.capacity() as u64;
-        // state 1 + valid 4 + erases 4 + stamp 8 + bucket links 8 + closed pos 4
-        // + closed list 4 + free pool 8
-        let per_block = 41 * g.blocks as u64;
-        let per_plane = g.planes as u64 * (4 * (g.pages_per_block as u64 + 1) + 64);
-        per_page + per_block + per_plane
     }
 }
