@@ -89,7 +89,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let n = k + m;
             let drive_size = (a.writes * 4096 * 2 / k as u64).max(a.working_set) + (256 << 20);
             let drives: Vec<DriveRef> = (0..n)
-                .map(|i| Arc::new(MemDrive::new(drive_size, format!("mem:{i}"))) as DriveRef)
+                .map(|i| {
+                    let d = MemDrive::new(drive_size, format!("mem:{i}"));
+                    d.prefault();
+                    Arc::new(d) as DriveRef
+                })
                 .collect();
             let pool = Pool::create(
                 drives,

@@ -113,8 +113,9 @@ impl MemDrive {
     pub fn prefault(&self) {
         for p in &self.image.pages {
             let mut slot = p.write();
-            let page = slot.get_or_insert_with(|| vec![0u8; PAGE].into_boxed_slice());
-            // black_box hides that calloc'd memory is already zero, so the stores happen.
+            // A non-zero fill cannot come from calloc's untouched zero pages, so every page is
+            // really written (faulted in); then it is zeroed again.
+            let page = slot.get_or_insert_with(|| vec![1u8; PAGE].into_boxed_slice());
             std::hint::black_box(&mut **page).fill(0);
         }
     }
