@@ -7,7 +7,7 @@
 //! `--listen HOST:PORT` (default 127.0.0.1:10809), `--socket PATH`, `--stdio`,
 //! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
 //! `default`, which also answers to the empty name), `--no-tcp`,
-//! `--workers N` (requests in flight per connection).
+//! `--workers N` (requests in flight per connection: `max_in_flight_per_connection`).
 //! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
 
 use std::path::PathBuf;

@@ -40,6 +40,12 @@ impl Budget {
         }
     }
 
+    /// Take `n` bytes (clamped to the capacity) if that needs no waiting.
+    pub fn try_acquire(&self, n: u64) -> Option<u64> {
+        let n = n.min(self.capacity);
+        self.try_take(n).then_some(n)
+    }
+
     /// Take `n` bytes (clamped to the capacity so a single request always
     /// fits), waiting while others hold too much. Returns the amount taken,
     /// to hand back to [`Budget::release`].

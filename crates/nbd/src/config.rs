@@ -9,9 +9,15 @@ use std::time::Duration;
 pub struct Config {
     /// Connections served at once; further ones are closed right after accept.
     pub max_connections: usize,
-    /// Requests processed at once per connection (worker threads, spawned on
-    /// demand). Further requests wait in the socket buffer.
+    /// Requests read and not yet answered per connection: replies collected
+    /// for one `writev` plus FLUSH/FUA requests queued for helper threads.
+    /// At the limit the connection stops reading until replies are sent;
+    /// further requests wait in the socket buffer.
     pub max_in_flight_per_connection: usize,
+    /// Helper threads per connection (started on demand) that run the
+    /// requests that may block for long: FLUSH and FUA writes, trims and
+    /// zeroes. Everything else runs on the connection's own thread.
+    pub helper_threads_per_connection: usize,
     /// Bytes of request/reply payload buffers held at once per connection
     /// (at least one maximum-size request, 32 MiB, is always admitted).
     pub max_buffer_bytes_per_connection: u64,
@@ -24,7 +30,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_connections: 128,
-            max_in_flight_per_connection: 16,
+            max_in_flight_per_connection: 64,
+            helper_threads_per_connection: 4,
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(10),
         }

@@ -1,7 +1,8 @@
 //! [`Server`]: listening sockets (TCP, Unix, socket-activated), an accept
-//! loop, one thread per connection (handshake, then the transmission worker
-//! pool), a connection registry, and a clean shutdown that stops accepting,
-//! lets in-flight requests finish, closes the connections and returns.
+//! loop, one thread per connection (handshake, then the request loop, with
+//! helper threads for FLUSH/FUA), a connection registry, and a clean
+//! shutdown that stops accepting, lets in-flight requests finish, closes the
+//! connections and returns.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader};
@@ -21,8 +22,9 @@ use crate::handshake::{self, Ended};
 use crate::transmission::{self, Limits};
 use crate::transport::{Closer, Transport};
 
-/// How much of the socket we read per syscall in the request loop.
-const READ_BUFFER: usize = 128 * 1024;
+/// Read buffer for the handshake (what it holds past the handshake is
+/// handed to the request loop).
+const HANDSHAKE_BUFFER: usize = 64 * 1024;
 /// After the drain timeout, how long we wait for forcibly closed
 /// connections to wind down before returning anyway.
 const FORCE_GRACE: Duration = Duration::from_secs(2);
@@ -366,7 +368,7 @@ fn serve_connection(shared: &Shared, t: Transport) {
         closer,
         peer,
     } = t;
-    let mut r = BufReader::with_capacity(READ_BUFFER, reader);
+    let mut r = BufReader::with_capacity(HANDSHAKE_BUFFER, reader);
     match handshake::negotiate(
         &mut r,
         &mut writer,
@@ -383,6 +385,7 @@ fn serve_connection(shared: &Shared, t: Transport) {
             );
             let limits = Limits {
                 max_in_flight: shared.config.max_in_flight_per_connection,
+                max_helpers: shared.config.helper_threads_per_connection,
                 max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
             };
             transmission::serve(r, writer, &session, limits, &*closer);

@@ -1,18 +1,32 @@
-//! The transmission phase of one connection: a small pool of worker threads
-//! (grown on demand up to the in-flight limit) that take turns reading the
-//! next request from the socket, execute it against the export and send the
-//! reply, so replies go out in completion order. No thread hand-off on the
-//! fast path: the thread that reads a request also answers it. Replies are
-//! sent by flat combining: a worker queues its reply and, if the socket is
-//! free, writes every queued reply in one `writev`; if another worker is
-//! writing, that one picks the queued reply up, so nobody waits for the
-//! socket. Queued replies hold their budget bytes until written, which is
-//! what bounds memory when a client stops reading.
+//! The transmission phase of one connection, run by the connection's own
+//! thread:
+//!
+//! 1. one `read` takes every byte the client has sent so far into a
+//!    per-connection buffer, and every complete request in it is parsed;
+//! 2. fast commands (READ, WRITE, TRIM, WRITE_ZEROES, CACHE, BLOCK_STATUS:
+//!    synchronous and quick on the export) run inline, WRITE payloads
+//!    straight out of the read buffer, and their replies are collected;
+//! 3. when no complete request is left (or the in-flight limit is reached),
+//!    the collected replies leave in one `writev`, and the thread reads again.
+//!
+//! Commands that may block for long (FLUSH and anything with FUA: on file
+//! drives an `fdatasync`) go to a few helper threads, started on demand, so
+//! they do not stall the pipeline; their replies go out whenever they finish
+//! (out-of-order replies are allowed by the protocol). Replies are sent by
+//! flat combining: whoever has replies queues them and, if the socket is
+//! free, writes every queued reply in one `writev`; if another thread is
+//! writing, that one picks them up, so nobody waits for the socket.
+//!
+//! Limits: requests parsed and not yet answered (`max_in_flight`), and a
+//! byte budget over WRITE payloads copied out of the read buffer and replies
+//! not yet written (`max_buffer_bytes`), which is what bounds memory when a
+//! client stops reading. The read buffer itself is a fixed size.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::collections::VecDeque;
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, TryLockError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, TryLockError};
 use std::thread::Scope;
 
 use crate::budget::Budget;
@@ -20,13 +34,17 @@ use crate::export::ExportError;
 use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::proto::*;
-use crate::wire::{self, Request};
+use crate::wire::{self, Request, REQUEST_LEN};
 
 /// Budget bytes charged for a queued reply without payload (so a client
 /// that never reads its replies cannot make the queue grow without bound).
 const SMALL_REPLY_CHARGE: u64 = 64;
 /// Most buffers handed to one `writev`.
 const MAX_IOV: usize = 512;
+/// Size of the per-connection read buffer: a request header plus a WRITE
+/// payload up to this size (minus the header) runs straight from it; longer
+/// payloads are read into their own buffer.
+const READ_BUFFER: usize = 256 * 1024 + REQUEST_LEN;
 
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
@@ -34,41 +52,62 @@ pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
 /// Per-connection limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Requests parsed and not yet answered.
     pub max_in_flight: usize,
+    /// Helper threads for FLUSH and FUA requests.
+    pub max_helpers: usize,
     pub max_buffer_bytes: u64,
 }
 
-struct ReadSide<R> {
-    r: R,
-    done: bool,
-}
+/// A reply and the budget bytes it holds until written.
+type Reply = (Vec<u8>, u64);
 
-struct Job {
+/// A request handed to a helper thread.
+struct SlowJob {
     req: Request,
-    /// WRITE payload, or an error decided while reading (oversized write).
-    payload: Result<Vec<u8>, u32>,
-    budget: u64,
+    payload: Vec<u8>,
+    /// Budget bytes held (the payload's, or the small-reply charge).
+    held: u64,
 }
 
-struct Conn<'a, R, W> {
+#[derive(Default)]
+struct Helpers {
+    jobs: VecDeque<SlowJob>,
+    /// Jobs queued or running.
+    outstanding: usize,
+    threads: usize,
+    idle: usize,
+    closed: bool,
+}
+
+struct WriteSide<W> {
+    w: W,
+    /// Reused batch vector (keeps its capacity between writes).
+    spare: Vec<Reply>,
+}
+
+struct Conn<'a, W> {
     s: &'a Session,
-    reader: Mutex<ReadSide<R>>,
-    writer: Mutex<W>,
-    /// Replies waiting for the socket, with the budget bytes they hold.
-    pending: Mutex<Vec<(Vec<u8>, u64)>>,
+    writer: Mutex<WriteSide<W>>,
+    /// Replies waiting for the socket.
+    pending: Mutex<Vec<Reply>>,
     failed: AtomicBool,
     budget: Budget,
-    idle: AtomicUsize,
-    workers: AtomicUsize,
+    helpers: Mutex<Helpers>,
+    /// A job was queued, or the queue closed.
+    work: Condvar,
+    /// A job finished.
+    finished: Condvar,
     limits: Limits,
     closer: Closer<'a>,
 }
 
 /// Serve requests until the client disconnects (`NBD_CMD_DISC` or EOF), a
-/// protocol violation, or the read side is shut down; in-flight requests
-/// are always answered before this returns.
+/// protocol violation, or the read side is shut down; every request read
+/// before that is answered before this returns. `reader` may hold requests
+/// already read with the handshake.
 pub fn serve<R: Read + Send, W: Write + Send>(
-    reader: R,
+    reader: BufReader<R>,
     writer: W,
     session: &Session,
     limits: Limits,
@@ -76,29 +115,112 @@ pub fn serve<R: Read + Send, W: Write + Send>(
 ) {
     let conn = Conn {
         s: session,
-        reader: Mutex::new(ReadSide {
-            r: reader,
-            done: false,
+        writer: Mutex::new(WriteSide {
+            w: writer,
+            spare: Vec::new(),
         }),
-        writer: Mutex::new(writer),
         pending: Mutex::new(Vec::new()),
         failed: AtomicBool::new(false),
         budget: Budget::new(limits.max_buffer_bytes.max(MAX_PAYLOAD as u64)),
-        idle: AtomicUsize::new(0),
-        workers: AtomicUsize::new(1),
+        helpers: Mutex::new(Helpers::default()),
+        work: Condvar::new(),
+        finished: Condvar::new(),
         limits: Limits {
             max_in_flight: limits.max_in_flight.max(1),
+            max_helpers: limits.max_helpers.max(1),
             ..limits
         },
         closer,
     };
-    std::thread::scope(|scope| conn.worker(scope));
+    let mut inb = InBuf::new(READ_BUFFER);
+    inb.preload(reader.buffer());
+    let mut r = reader.into_inner();
+    std::thread::scope(|scope| {
+        let mut batch = Vec::new();
+        if let Err(e) = conn.pump(scope, &mut r, &mut inb, &mut batch) {
+            tracing::debug!("connection closed: {e}");
+        }
+        conn.send(&mut batch);
+        let mut h = lock(&conn.helpers);
+        h.closed = true;
+        drop(h);
+        conn.work.notify_all();
+        // The scope joins the helpers once they have drained the queue.
+    });
+}
+
+/// The connection's read buffer: bytes `start..end` of `buf` are unparsed.
+struct InBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl InBuf {
+    fn new(cap: usize) -> Self {
+        InBuf {
+            buf: vec![0; cap],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn preload(&mut self, data: &[u8]) {
+        if data.len() > self.buf.len() {
+            self.buf.resize(data.len(), 0);
+        }
+        self.buf[..data.len()].copy_from_slice(data);
+        self.start = 0;
+        self.end = data.len();
+    }
+
+    fn avail(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// One `read` into the free space (after moving a partial request to
+    /// the front). `Ok(0)`: end of stream.
+    fn fill<R: Read>(&mut self, r: &mut R) -> io::Result<usize> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            // Cannot happen: callers only ask for more when a request does
+            // not fit; guard against a stall anyway.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "read buffer full",
+            ));
+        }
+        loop {
+            match r.read(&mut self.buf[self.end..]) {
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// Write whole buffers with as few `writev` calls as possible.
-fn write_batch<W: Write>(w: &mut W, batch: &[(Vec<u8>, u64)]) -> io::Result<()> {
+fn write_batch<W: Write>(w: &mut W, batch: &[Reply]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len().min(MAX_IOV));
     for group in batch.chunks(MAX_IOV) {
-        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|b| IoSlice::new(&b.0)).collect();
+        slices.clear();
+        slices.extend(group.iter().map(|b| IoSlice::new(&b.0)));
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
             match w.write_vectored(rest) {
@@ -116,77 +238,246 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
-    fn worker<'s>(&'s self, scope: &'s Scope<'s, '_>) {
+/// Whether a request may block for long (an `fdatasync` on file drives):
+/// FLUSH, and write-type commands with FUA.
+fn is_slow(req: &Request) -> bool {
+    match req.kind {
+        CMD_FLUSH => true,
+        CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => req.flags & CMD_FLAG_FUA != 0,
+        _ => false,
+    }
+}
+
+/// Budget bytes a reply to an inline request holds until written.
+fn reply_charge(req: &Request) -> u64 {
+    if req.kind == CMD_READ && req.len <= MAX_PAYLOAD {
+        (req.len as u64).max(SMALL_REPLY_CHARGE)
+    } else {
+        SMALL_REPLY_CHARGE
+    }
+}
+
+impl<'a, W: Write + Send> Conn<'a, W> {
+    /// The request loop of the connection thread. Returns on end of stream,
+    /// `NBD_CMD_DISC` (`Ok`), or an I/O error or protocol violation (`Err`);
+    /// replies still in `batch` are the caller's to send.
+    fn pump<'s, R: Read>(
+        &'s self,
+        scope: &'s Scope<'s, '_>,
+        r: &mut R,
+        inb: &mut InBuf,
+        batch: &mut Vec<Reply>,
+    ) -> io::Result<()> {
         loop {
-            self.idle.fetch_add(1, Ordering::SeqCst);
-            let job = {
-                let mut rs = lock(&self.reader);
-                if rs.done || self.failed.load(Ordering::SeqCst) {
-                    self.idle.fetch_sub(1, Ordering::SeqCst);
-                    return;
-                }
-                let next = self.next_job(&mut rs.r);
-                self.idle.fetch_sub(1, Ordering::SeqCst);
-                match next {
-                    Ok(Some(job)) => job,
-                    Ok(None) => {
-                        rs.done = true;
-                        return;
+            if self.failed.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            // Every complete request already buffered.
+            while inb.avail().len() >= REQUEST_LEN {
+                let avail = inb.avail();
+                let hb: &[u8; REQUEST_LEN] = avail[..REQUEST_LEN].try_into().expect("length");
+                let req = wire::decode_request(hb).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "bad request magic")
+                })?;
+                let len = req.len as usize;
+                match req.kind {
+                    CMD_DISC => return Ok(()),
+                    CMD_WRITE if req.len > MAX_PAYLOAD => {
+                        // Skip the payload to stay in sync, then refuse.
+                        let in_buf = (avail.len() - REQUEST_LEN).min(len);
+                        inb.consume(REQUEST_LEN + in_buf);
+                        let rest = (len - in_buf) as u64;
+                        if io::copy(&mut r.by_ref().take(rest), &mut io::sink())? < rest {
+                            return Err(io::ErrorKind::UnexpectedEof.into());
+                        }
+                        let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                        let reply = self.error(&req, EOVERFLOW, "write larger than 32 MiB");
+                        batch.push((reply, held));
                     }
-                    Err(e) => {
-                        rs.done = true;
-                        tracing::debug!("connection closed: {e}");
-                        return;
+                    CMD_WRITE if avail.len() >= REQUEST_LEN + len => {
+                        if is_slow(&req) {
+                            let payload = avail[REQUEST_LEN..REQUEST_LEN + len].to_vec();
+                            inb.consume(REQUEST_LEN + len);
+                            let held =
+                                self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
+                            self.hand_off(scope, SlowJob { req, payload, held }, batch);
+                        } else {
+                            let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                            let inb_ref = &*inb;
+                            let payload = &inb_ref.avail()[REQUEST_LEN..REQUEST_LEN + len];
+                            let reply = self.execute(&req, payload);
+                            inb.consume(REQUEST_LEN + len);
+                            batch.push((reply, held));
+                        }
+                    }
+                    CMD_WRITE if REQUEST_LEN + len <= inb.buf.len() => break, // read the rest
+                    CMD_WRITE => {
+                        // Longer than the read buffer: its own buffer.
+                        let in_buf = avail.len() - REQUEST_LEN;
+                        let held = self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
+                        let mut payload = vec![0u8; len];
+                        payload[..in_buf].copy_from_slice(&inb.avail()[REQUEST_LEN..]);
+                        inb.consume(REQUEST_LEN + in_buf);
+                        if let Err(e) = r.read_exact(&mut payload[in_buf..]) {
+                            self.budget.release(held);
+                            return Err(e);
+                        }
+                        if is_slow(&req) {
+                            self.hand_off(scope, SlowJob { req, payload, held }, batch);
+                        } else {
+                            let reply = self.execute(&req, &payload);
+                            drop(payload);
+                            batch.push((reply, held));
+                        }
+                    }
+                    _ => {
+                        inb.consume(REQUEST_LEN);
+                        if is_slow(&req) {
+                            let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                            let job = SlowJob {
+                                req,
+                                payload: Vec::new(),
+                                held,
+                            };
+                            self.hand_off(scope, job, batch);
+                        } else {
+                            let held = self.take_budget(reply_charge(&req), batch);
+                            let reply = self.execute(&req, &[]);
+                            batch.push((reply, held));
+                        }
                     }
                 }
-            };
-            // Nobody left to pick up the next request: add a worker.
-            if self.idle.load(Ordering::SeqCst) == 0 {
-                let n = self.workers.load(Ordering::SeqCst);
-                if n < self.limits.max_in_flight
-                    && self
-                        .workers
-                        .compare_exchange(n, n + 1, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-                {
-                    scope.spawn(move || self.worker(scope));
+                if batch.len() >= self.limits.max_in_flight {
+                    self.send(batch);
                 }
             }
-            let mut held = job.budget;
-            let reply = self.execute(&job, &mut held);
-            drop(job);
-            if held == 0 {
-                held = self.budget.acquire(SMALL_REPLY_CHARGE);
+            // Nothing complete left: answer, then wait for more.
+            if !batch.is_empty() && !self.send(batch) {
+                return Ok(());
             }
-            if !self.send(reply, held) {
-                return;
+            if inb.fill(r)? == 0 {
+                if inb.avail().is_empty() {
+                    return Ok(());
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "client left mid-request",
+                ));
             }
         }
     }
 
-    /// Queue a reply and write out the queue if nobody else is writing.
-    /// False once the connection has failed.
-    fn send(&self, reply: Vec<u8>, held: u64) -> bool {
+    /// Take `n` budget bytes; if that has to wait, send our own queued
+    /// replies first (they may be what holds the budget).
+    fn take_budget(&self, n: u64, batch: &mut Vec<Reply>) -> u64 {
+        if let Some(got) = self.budget.try_acquire(n) {
+            return got;
+        }
+        self.send(batch);
+        self.budget.acquire(n)
+    }
+
+    /// Queue a request for a helper thread, starting one if none is idle;
+    /// waits (after sending our replies) while the in-flight limit is
+    /// reached.
+    fn hand_off<'s>(&'s self, scope: &'s Scope<'s, '_>, job: SlowJob, batch: &mut Vec<Reply>) {
+        let mut h = lock(&self.helpers);
+        if h.outstanding + batch.len() >= self.limits.max_in_flight {
+            drop(h);
+            self.send(batch);
+            h = lock(&self.helpers);
+            while h.outstanding >= self.limits.max_in_flight {
+                h = self.finished.wait(h).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        h.jobs.push_back(job);
+        h.outstanding += 1;
+        let spawn = h.idle < h.jobs.len() && h.threads < self.limits.max_helpers;
+        if spawn {
+            h.threads += 1;
+        }
+        drop(h);
+        if spawn {
+            let started = std::thread::Builder::new()
+                .name("nbd-helper".into())
+                .spawn_scoped(scope, move || self.helper());
+            if let Err(e) = started {
+                tracing::warn!("cannot start a helper thread: {e}");
+                let mut h = lock(&self.helpers);
+                h.threads -= 1;
+                if h.threads == 0 {
+                    // Nobody would run it: do it here.
+                    drop(h);
+                    self.helper_once();
+                }
+                return;
+            }
+        }
+        self.work.notify_one();
+    }
+
+    /// Run one queued job, if any, on this thread.
+    fn helper_once(&self) {
+        let job = lock(&self.helpers).jobs.pop_front();
+        if let Some(job) = job {
+            self.run_slow(job);
+        }
+    }
+
+    fn helper(&self) {
+        loop {
+            let job = {
+                let mut h = lock(&self.helpers);
+                loop {
+                    if let Some(j) = h.jobs.pop_front() {
+                        break j;
+                    }
+                    if h.closed {
+                        return;
+                    }
+                    h.idle += 1;
+                    h = self.work.wait(h).unwrap_or_else(|e| e.into_inner());
+                    h.idle -= 1;
+                }
+            };
+            self.run_slow(job);
+        }
+    }
+
+    fn run_slow(&self, job: SlowJob) {
+        let reply = self.execute(&job.req, &job.payload);
+        drop(job.payload);
+        let mut one = vec![(reply, job.held)];
+        self.send(&mut one);
+        let mut h = lock(&self.helpers);
+        h.outstanding -= 1;
+        drop(h);
+        self.finished.notify_all();
+    }
+
+    /// Queue replies (emptying `batch`) and write out the queue if nobody
+    /// else is writing. False once the connection has failed.
+    fn send(&self, batch: &mut Vec<Reply>) -> bool {
         if self.failed.load(Ordering::SeqCst) {
-            self.budget.release(held);
+            self.budget.release(batch.drain(..).map(|b| b.1).sum());
             return false;
         }
-        lock(&self.pending).push((reply, held));
+        lock(&self.pending).append(batch);
         loop {
-            let mut w = match self.writer.try_lock() {
+            let mut guard = match self.writer.try_lock() {
                 Ok(w) => w,
                 Err(TryLockError::WouldBlock) => return true, // the writer takes ours too
                 Err(TryLockError::Poisoned(e)) => e.into_inner(),
             };
+            let ws = &mut *guard;
             loop {
-                let batch = std::mem::take(&mut *lock(&self.pending));
-                if batch.is_empty() {
+                std::mem::swap(&mut *lock(&self.pending), &mut ws.spare);
+                if ws.spare.is_empty() {
                     break;
                 }
-                let r = write_batch(&mut *w, &batch);
-                self.budget.release(batch.iter().map(|b| b.1).sum());
-                drop(batch);
+                let r = write_batch(&mut ws.w, &ws.spare);
+                self.budget.release(ws.spare.iter().map(|b| b.1).sum());
+                ws.spare.clear();
                 if let Err(e) = r {
                     tracing::debug!("reply write failed, closing: {e}");
                     self.failed.store(true, Ordering::SeqCst);
@@ -196,54 +487,12 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
                     return false;
                 }
             }
-            drop(w);
+            drop(guard);
             // A reply queued while we held the socket but after our last
             // look would otherwise be stranded: look again.
             if lock(&self.pending).is_empty() || self.failed.load(Ordering::SeqCst) {
                 return !self.failed.load(Ordering::SeqCst);
             }
-        }
-    }
-
-    /// Read the next request (and WRITE payload). `Ok(None)`: orderly end.
-    fn next_job(&self, r: &mut R) -> io::Result<Option<Job>> {
-        let mut hb = [0u8; wire::REQUEST_LEN];
-        match r.read_exact(&mut hb) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e),
-        }
-        let req = wire::decode_request(&hb)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
-        match req.kind {
-            CMD_DISC => Ok(None),
-            CMD_WRITE if req.len > MAX_PAYLOAD => {
-                // Skip the payload to stay in sync, then refuse.
-                io::copy(&mut r.take(req.len as u64), &mut io::sink())?;
-                Ok(Some(Job {
-                    req,
-                    payload: Err(EOVERFLOW),
-                    budget: 0,
-                }))
-            }
-            CMD_WRITE => {
-                let budget = self.budget.acquire(req.len as u64);
-                let mut data = vec![0u8; req.len as usize];
-                if let Err(e) = r.read_exact(&mut data) {
-                    self.budget.release(budget);
-                    return Err(e);
-                }
-                Ok(Some(Job {
-                    req,
-                    payload: Ok(data),
-                    budget,
-                }))
-            }
-            _ => Ok(Some(Job {
-                req,
-                payload: Ok(Vec::new()),
-                budget: 0,
-            })),
         }
     }
 
@@ -290,8 +539,8 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
         }
     }
 
-    fn execute(&self, job: &Job, held: &mut u64) -> Vec<u8> {
-        let req = &job.req;
+    /// Run one request against the export; `data` is a WRITE's payload.
+    fn execute(&self, req: &Request, data: &[u8]) -> Vec<u8> {
         let ex = self.s.export.as_ref();
         let fua = req.flags & CMD_FLAG_FUA != 0;
         let r = (|| -> Result<Vec<u8>, Vec<u8>> {
@@ -302,7 +551,6 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
                     if req.len > MAX_PAYLOAD {
                         return Err(self.error(req, EOVERFLOW, "read larger than 32 MiB"));
                     }
-                    *held += self.budget.acquire(req.len as u64);
                     Ok(if self.s.structured {
                         self.read_structured(req)
                     } else {
@@ -310,10 +558,6 @@ impl<'a, R: Read + Send, W: Write + Send> Conn<'a, R, W> {
                     })
                 }
                 CMD_WRITE => {
-                    let data = job
-                        .payload
-                        .as_ref()
-                        .map_err(|&e| self.error(req, e, "write larger than 32 MiB"))?;
                     self.validate(req, CMD_FLAG_FUA, ENOSPC)?;
                     self.writable(req)?;
                     Ok(self.result(req, ex.write(req.offset, data, fua)))
