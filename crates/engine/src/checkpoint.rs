@@ -21,9 +21,11 @@ impl Inner {
         let _one_at_a_time = self.cp_lock.lock();
         self.check_failed()?;
         let mut w = self.writer.lock();
-        if let Some(o) = w.open.take() {
-            let s = self.seal(&mut w, o, Stream::Data);
-            self.write_stripe(s)?;
+        for stream in [Stream::Data, Stream::Gc] {
+            if let Some(o) = w.slot(stream).take() {
+                let s = self.seal(&mut w, o, stream);
+                self.write_stripe(s)?;
+            }
         }
         self.wait_written(w.next_seq - 1)?;
 
@@ -34,7 +36,14 @@ impl Inner {
                 *st = SegState::Free;
             }
         }
-        let states: Vec<u8> = w.segs.states.iter().map(|s| *s as u8).collect();
+        // Segments the cleaner emptied are free from this checkpoint on: it no longer refers
+        // to them, and nothing older than it will be replayed.
+        let states: Vec<u8> = w
+            .segs
+            .states
+            .iter()
+            .map(|s| if *s == SegState::Reclaimed { SegState::Free } else { *s } as u8)
+            .collect();
         let bytes = {
             let t = self.volumes.read();
             let mut cw = CheckpointWriter::new(t.next_id, &states, t.by_id.len() as u32);
@@ -66,7 +75,8 @@ impl Inner {
         let mut segments = BTreeSet::new();
         let mut done = 0;
         while done < bytes.len() {
-            let mut o = self.new_stripe(&mut w, Stream::Checkpoint, StripeKind::Checkpoint)?;
+            let mut o =
+                self.new_stripe(&mut w, Stream::Checkpoint, StripeKind::Checkpoint, true)?;
             segments.insert(o.plan.segment);
             done += o.append_bytes(&bytes[done..]);
             let s = self.seal(&mut w, o, Stream::Checkpoint);
@@ -95,6 +105,16 @@ impl Inner {
             sb.generation
         };
         self.write_superblocks_gen(generation)?;
+        let mut freed = 0;
+        for st in w.segs.states.iter_mut() {
+            if *st == SegState::Reclaimed {
+                *st = SegState::Free;
+                freed += 1;
+            }
+        }
+        if freed > 0 {
+            tracing::debug!(freed, "segments freed by the cleaner");
+        }
         w.bytes_since_cp = 0;
         Stats::add(&self.stats.checkpoints, 1);
         tracing::debug!(

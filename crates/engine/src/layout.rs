@@ -22,6 +22,9 @@ pub enum SegState {
     Checkpoint = 2,
     /// A stream is appending to it.
     Open = 3,
+    /// Cleaned by GC: holds nothing live, free once the next checkpoint no longer needs it.
+    /// Never stored: a checkpoint writes it as Free.
+    Reclaimed = 4,
 }
 
 impl SegState {
@@ -37,13 +40,16 @@ impl SegState {
     }
 }
 
-/// The write streams, each with its own open segment.
+/// The write streams, each with its own open segment, so data of different lifetimes does
+/// not mix: host writes (hot), GC relocations (cold, survived a cleaning), checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
     /// Host data and log records.
     Data = 0,
     /// Checkpoints.
     Checkpoint = 1,
+    /// Blocks relocated by the cleaner.
+    Gc = 2,
 }
 
 /// Drives and offsets reserved for one stripe when it is opened.
@@ -56,6 +62,8 @@ pub struct StripePlan {
     pub offsets: Vec<u64>,
     /// Data chunks this stripe may fill.
     pub w_max: usize,
+    /// True when the segment was opened for this stripe (any cached scan of it is stale).
+    pub fresh: bool,
 }
 
 struct Cursor {
@@ -67,9 +75,14 @@ struct Cursor {
 pub struct SegmentTable {
     geo: Geometry,
     pub states: Vec<SegState>,
-    cursors: [Cursor; 2],
+    cursors: [Cursor; 3],
     /// Free segments kept back so a checkpoint can always be written.
     reserve: usize,
+    /// Extra free segments kept back from host writes for the cleaner.
+    gc_reserve: usize,
+    /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
+    pub closed_seq: Vec<u64>,
+    next_seq_hint: u64,
 }
 
 impl SegmentTable {
@@ -83,14 +96,24 @@ impl SegmentTable {
         SegmentTable {
             geo: geo.clone(),
             states: vec![SegState::Free; n],
-            cursors: [cursor(), cursor()],
+            cursors: [cursor(), cursor(), cursor()],
             reserve: 0,
+            gc_reserve: 0,
+            closed_seq: vec![0; n],
+            next_seq_hint: 0,
         }
     }
 
-    /// Sets how many free segments host writes may not take.
-    pub fn set_reserve(&mut self, n: usize) {
-        self.reserve = n;
+    /// Sets how many free segments only checkpoints may take, and how many more only the
+    /// cleaner and checkpoints may take.
+    pub fn set_reserve(&mut self, checkpoint: usize, gc: usize) {
+        self.reserve = checkpoint;
+        self.gc_reserve = gc;
+    }
+
+    /// Free segments below which host writes clean first (foreground GC).
+    pub fn low_water(&self) -> usize {
+        self.reserve + self.gc_reserve + 1
     }
 
     /// Byte offset on every drive where segment `s` starts.
@@ -117,15 +140,22 @@ impl SegmentTable {
     pub fn close(&mut self, stream: Stream) {
         if let Some(s) = self.cursors[stream as usize].segment.take() {
             self.states[s as usize] = match stream {
-                Stream::Data => SegState::Used,
+                Stream::Data | Stream::Gc => SegState::Used,
                 Stream::Checkpoint => SegState::Checkpoint,
             };
+            self.closed_seq[s as usize] = self.next_seq_hint;
         }
     }
 
-    fn open_new(&mut self, stream: Stream) -> Result<u32> {
+    fn open_new(&mut self, stream: Stream, urgent: bool) -> Result<u32> {
         let free = self.free_count();
-        if stream == Stream::Data && free <= self.reserve {
+        let keep = match stream {
+            Stream::Data if urgent => self.reserve,
+            Stream::Data => self.reserve + self.gc_reserve,
+            Stream::Gc => self.reserve,
+            Stream::Checkpoint => 0,
+        };
+        if free <= keep {
             return Err(Error::NoSpace);
         }
         let s = self
@@ -142,13 +172,15 @@ impl SegmentTable {
     }
 
     /// Reserves room for a stripe of up to `k` data chunks + `m` parity chunks, each needing
-    /// at most `need` bytes, on healthy drives only.
+    /// at most `need` bytes, on healthy drives only. `urgent` lets a stripe that frees space
+    /// (a trim, a volume delete) use the cleaner's reserve, so a full pool can always be emptied.
     pub fn plan(
         &mut self,
         stream: Stream,
         healthy: &[bool],
         need: u64,
         seq: u64,
+        urgent: bool,
     ) -> Result<StripePlan> {
         let (k, m) = (self.geo.k as usize, self.geo.m as usize);
         let n = self.geo.drive_count as usize;
@@ -162,6 +194,8 @@ impl SegmentTable {
         let w_max = k.min(up - m);
         let width = w_max + m;
         let z = self.geo.segment_size;
+        self.next_seq_hint = seq;
+        let mut fresh = false;
         for attempt in 0..2 {
             let c = &self.cursors[stream as usize];
             if let Some(seg) = c.segment {
@@ -182,11 +216,13 @@ impl SegmentTable {
                         offsets: cands.iter().map(|&d| base + c.fill[d]).collect(),
                         drives: cands.iter().map(|&d| d as u16).collect(),
                         w_max,
+                        fresh,
                     });
                 }
             }
             if attempt == 0 {
-                self.open_new(stream)?;
+                self.open_new(stream, urgent)?;
+                fresh = true;
             }
         }
         Err(Error::invalid(format!(
@@ -231,7 +267,7 @@ mod tests {
         let healthy = [true; 4];
         let mut parity = vec![];
         for seq in 1..=8u64 {
-            let p = t.plan(Stream::Data, &healthy, 20480, seq).unwrap();
+            let p = t.plan(Stream::Data, &healthy, 20480, seq, false).unwrap();
             assert_eq!(p.drives.len(), 3);
             parity.push(p.drives[2]);
             // Parity and chunk 0 carry bigger headers: unequal advances must not pin parity.
@@ -250,7 +286,7 @@ mod tests {
         // Fill everything: the pool runs out of segments with a clear error.
         let mut err = None;
         for seq in 9..1000 {
-            match t.plan(Stream::Data, &healthy, 20480, seq) {
+            match t.plan(Stream::Data, &healthy, 20480, seq, false) {
                 Ok(p) => p
                     .drives
                     .iter()
@@ -269,16 +305,16 @@ mod tests {
     fn degraded_plan_narrows() {
         let mut t = SegmentTable::new(&geo());
         let p = t
-            .plan(Stream::Data, &[true, false, true, true], 20480, 1)
+            .plan(Stream::Data, &[true, false, true, true], 20480, 1, false)
             .unwrap();
         assert_eq!(p.w_max, 2);
         assert!(!p.drives.contains(&1));
         let p = t
-            .plan(Stream::Data, &[true, false, false, true], 20480, 1)
+            .plan(Stream::Data, &[true, false, false, true], 20480, 1, false)
             .unwrap();
         assert_eq!((p.w_max, p.drives.len()), (1, 2));
         assert!(t
-            .plan(Stream::Data, &[true, false, false, false], 20480, 1)
+            .plan(Stream::Data, &[true, false, false, false], 20480, 1, false)
             .is_err());
     }
 }

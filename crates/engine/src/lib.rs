@@ -18,6 +18,7 @@ pub mod codec;
 pub mod drive;
 pub mod error;
 pub mod format;
+mod gc;
 pub mod layout;
 pub mod map;
 mod pool;
@@ -30,6 +31,7 @@ mod volume;
 mod write;
 
 pub use error::{Error, Result};
+pub use gc::GcPolicy;
 pub use pool::{OpenOptions, Pool, PoolConfig, PoolInfo, MAX_STRIPE_BUFFERS};
 pub use recovery::read_superblock;
 pub use stats::StatsSnapshot;

@@ -96,10 +96,23 @@ pub(crate) struct VolumeTable {
 
 /// Everything the writer lock protects.
 pub(crate) struct WriterState {
+    /// The open stripe of the host data stream.
     pub open: Option<OpenStripe>,
+    /// The open stripe of the cleaner's stream.
+    pub gc_open: Option<OpenStripe>,
     pub next_seq: u64,
     pub segs: SegmentTable,
     pub bytes_since_cp: u64,
+}
+
+impl WriterState {
+    /// The open stripe slot of a stream that has one (data or GC).
+    pub fn slot(&mut self, stream: crate::layout::Stream) -> &mut Option<OpenStripe> {
+        match stream {
+            crate::layout::Stream::Gc => &mut self.gc_open,
+            _ => &mut self.open,
+        }
+    }
 }
 
 /// Stripes not yet on the drives, and the first write failure, for flush to wait on.
@@ -139,6 +152,8 @@ pub(crate) struct Inner {
     pub seg_index: Mutex<HashMap<u32, Arc<Vec<StripeDesc>>>>,
     pub checkpoint_interval: u64,
     pub closed: AtomicBool,
+    pub gc_lock: Mutex<()>,
+    pub gc_policy: Mutex<crate::gc::GcPolicy>,
 }
 
 /// Most stripe buffers in memory at once: the bound on data accepted but not yet written.
@@ -184,7 +199,7 @@ impl Inner {
         }
         let nseg = geo.segment_count as usize;
         let mut segs = SegmentTable::new(&geo);
-        segs.set_reserve(checkpoint_reserve(&geo, &shape));
+        segs.set_reserve(checkpoint_reserve(&geo, &shape), 2);
         Ok(Inner {
             uuid,
             codec: codec_for(geo.m as usize)?,
@@ -196,6 +211,7 @@ impl Inner {
             }),
             writer: Mutex::new(WriterState {
                 open: None,
+                gc_open: None,
                 next_seq: 1,
                 segs,
                 bytes_since_cp: 0,
@@ -215,6 +231,8 @@ impl Inner {
             seg_index: Mutex::new(HashMap::new()),
             checkpoint_interval,
             closed: AtomicBool::new(false),
+            gc_lock: Mutex::new(()),
+            gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             geo,
         })
     }
@@ -317,7 +335,7 @@ impl Pool {
             segment_count: ((drive_size - DATA_START) / cfg.segment_size) as u32,
             drive_size,
         };
-        validate_geometry(&geo).map_err(|e| Error::invalid(e.to_string()))?;
+        validate_geometry(&geo).map_err(Error::invalid)?;
         let uuid = new_uuid();
         let members: Vec<[u8; 16]> = (0..n).map(|_| new_uuid()).collect();
         let sb = SbState {
@@ -440,6 +458,24 @@ impl Pool {
             capacity_bytes: g.segment_count as u64 * g.segment_size * g.k as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
         }
+    }
+
+    /// Chooses how the cleaner picks victims.
+    pub fn set_gc_policy(&self, p: crate::gc::GcPolicy) {
+        *self.inner.gc_policy.lock() = p;
+    }
+
+    /// One round of background cleaning: cleans while fewer than `free_target` segments are
+    /// free (and garbage is worth collecting). Returns the number of segments cleaned.
+    pub fn gc(&self, free_target: usize) -> Result<usize> {
+        self.inner.gc_until(free_target)
+    }
+
+    /// The free-segment count below which background cleaning should run (a tenth of the
+    /// pool above the foreground watermark).
+    pub fn gc_high_water(&self) -> usize {
+        let w = self.inner.writer.lock();
+        w.segs.low_water() + (self.inner.geo.segment_count as usize / 10).max(2)
     }
 
     /// Marks drive `index` failed (for tests and `flashpool drive fail`): the pool continues

@@ -49,7 +49,13 @@ impl Inner {
                             "compressed blocks are not supported by this build",
                         ));
                     }
-                    self.read_media(drive as usize, offset, tag, out)?;
+                    let res = self.read_media(drive as usize, offset, tag, out);
+                    // The cleaner may have moved the block (and its segment been reused)
+                    // while we read: the data counts only if the entry did not change.
+                    if vol.map.get(lba) != raw {
+                        continue;
+                    }
+                    res?;
                     return Ok(true);
                 }
             }

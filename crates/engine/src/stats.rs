@@ -113,6 +113,12 @@ counters! {
     write_errors,
     /// Chunks rebuilt by erasure decoding.
     reconstructed_chunks,
+    /// Bytes of live data the cleaner moved.
+    gc_relocated_bytes,
+    /// Segments the cleaner emptied.
+    gc_segments_cleaned,
+    /// Cleaner passes.
+    gc_runs,
 }
 
 impl Stats {

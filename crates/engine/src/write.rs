@@ -25,10 +25,15 @@ impl Inner {
         w: &mut WriterState,
         stream: Stream,
         kind: StripeKind,
+        urgent: bool,
     ) -> Result<OpenStripe> {
-        let plan = w
-            .segs
-            .plan(stream, &self.healthy(), self.shape.chunk_need(), w.next_seq)?;
+        let plan = w.segs.plan(
+            stream,
+            &self.healthy(),
+            self.shape.chunk_need(),
+            w.next_seq,
+            urgent,
+        )?;
         let buf = self.take_buffer();
         let seq = w.next_seq;
         w.next_seq += 1;
@@ -195,24 +200,58 @@ impl Inner {
     }
 
     /// Runs `step` against the open data stripe under the writer lock, sealing and retrying
-    /// when `step` says the stripe has no room (returns `Ok(None)`).
+    /// when `step` says the stripe has no room (returns `Ok(None)`). Before a new stripe would
+    /// take a segment from a nearly exhausted pool, the cleaner runs first (foreground GC).
     pub(crate) fn logged<T>(
         &self,
+        step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.logged_in(Stream::Data, false, step)
+    }
+
+    /// `logged` for a record that frees space: it may use the cleaner's reserve.
+    pub(crate) fn logged_urgent<T>(
+        &self,
+        step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.logged_in(Stream::Data, true, step)
+    }
+
+    /// `logged` for any stream with an open stripe (data or GC).
+    pub(crate) fn logged_in<T>(
+        &self,
+        stream: Stream,
+        urgent: bool,
         mut step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
     ) -> Result<T> {
+        let mut cleaned = false;
         loop {
             let mut w = self.writer.lock();
             self.check_failed()?;
-            if w.open.is_none() {
-                let o = self.new_stripe(&mut w, Stream::Data, StripeKind::Data)?;
-                w.open = Some(o);
+            if w.slot(stream).is_none() {
+                if stream == Stream::Data && !cleaned && w.segs.free_count() <= w.segs.low_water() {
+                    drop(w);
+                    cleaned = true;
+                    self.gc_foreground()?;
+                    continue;
+                }
+                let o = match self.new_stripe(&mut w, stream, StripeKind::Data, urgent) {
+                    Err(Error::NoSpace) if stream == Stream::Data && !cleaned => {
+                        drop(w);
+                        cleaned = true;
+                        self.gc_foreground()?;
+                        continue;
+                    }
+                    r => r?,
+                };
+                *w.slot(stream) = Some(o);
             }
-            let open = w.open.as_mut().expect("open stripe exists");
+            let open = w.slot(stream).as_mut().expect("open stripe exists");
             let done = step(open)?;
             let full = open.is_full() || done.is_none();
             let sealed = if full {
-                let o = w.open.take().expect("open stripe exists");
-                Some(self.seal(&mut w, o, Stream::Data))
+                let o = w.slot(stream).take().expect("open stripe exists");
+                Some(self.seal(&mut w, o, stream))
             } else {
                 None
             };
@@ -220,7 +259,7 @@ impl Inner {
             drop(w);
             if let Some(s) = sealed {
                 self.write_stripe(s)?;
-                if want_cp {
+                if want_cp && stream == Stream::Data {
                     self.checkpoint()?;
                 }
             }
@@ -268,7 +307,7 @@ impl Inner {
         if count == 0 {
             return Ok(());
         }
-        self.logged(|open| {
+        self.logged_urgent(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
                 return Err(Error::NotFound(format!(
                     "volume {:?} was deleted",
@@ -311,7 +350,7 @@ impl Inner {
     }
 
     pub(crate) fn log_volume_delete(&self, name: &str) -> Result<()> {
-        self.logged(|open| {
+        self.logged_urgent(|open| {
             let mut t = self.volumes.write();
             let id = *t
                 .by_name
@@ -375,15 +414,24 @@ impl Inner {
         Ok(())
     }
 
+    /// Seals the open stripes of the data and GC streams; returns them with the highest
+    /// sequence number assigned so far.
+    pub(crate) fn seal_open_stripes(&self) -> (u64, Vec<SealedStripe>) {
+        let mut w = self.writer.lock();
+        let mut sealed = Vec::new();
+        for stream in [Stream::Data, Stream::Gc] {
+            if let Some(o) = w.slot(stream).take() {
+                sealed.push(self.seal(&mut w, o, stream));
+            }
+        }
+        (w.next_seq - 1, sealed)
+    }
+
     /// Makes every write completed before this call durable.
     pub(crate) fn flush(&self) -> Result<()> {
         self.check_failed()?;
-        let (target, sealed) = {
-            let mut w = self.writer.lock();
-            let sealed = w.open.take().map(|o| self.seal(&mut w, o, Stream::Data));
-            (w.next_seq - 1, sealed)
-        };
-        if let Some(s) = sealed {
+        let (target, sealed) = self.seal_open_stripes();
+        for s in sealed {
             self.write_stripe(s)?;
         }
         self.wait_written(target)?;

@@ -153,7 +153,8 @@ impl Superblock {
             segment_count,
             drive_size,
         };
-        validate_geometry(&geometry)?;
+        validate_geometry(&geometry)
+            .map_err(|e| Error::corrupt(format!("superblock geometry: {e}")))?;
         if drive_index >= drive_count {
             return Err(Error::corrupt(format!(
                 "drive index {drive_index} of {drive_count} drives"
@@ -187,9 +188,10 @@ impl Superblock {
     }
 }
 
-/// Checks that a geometry is one this build can run (on creation and on decode).
-pub fn validate_geometry(g: &Geometry) -> Result<()> {
-    let bad = |m: String| Err(Error::corrupt(m));
+/// Checks that a geometry is one this build can run (on creation and on decode); the error
+/// says what is wrong, for the caller to wrap.
+pub fn validate_geometry(g: &Geometry) -> std::result::Result<(), String> {
+    let bad = |m: String| Err(m);
     if g.drive_count == 0 || g.drive_count as usize > MAX_DRIVES {
         return bad(format!("{} drives (1 to {MAX_DRIVES})", g.drive_count));
     }

@@ -1,0 +1,217 @@
+//! The cleaner: picks a victim segment, relocates its live blocks into the GC stream, and
+//! marks it Reclaimed; the next checkpoint frees it.
+//!
+//! Liveness is exact and cheap: a write record in the victim is live when its volume's map
+//! entry still points at the record's location. A block overwritten while it is being moved is
+//! skipped (the relocation is a compare-and-swap on the map under the writer lock). A segment is
+//! reclaimed only when its live byte count has reached zero, so no live block is ever dropped,
+//! and it is reused only after a checkpoint, so every trim and delete it logged is captured.
+
+use crate::error::{Error, Result};
+use crate::format::header::{Record, StripeKind};
+use crate::layout::{SegState, Stream};
+use crate::map::Entry;
+use crate::pool::Inner;
+use crate::stats::Stats;
+use std::sync::atomic::Ordering;
+
+/// How the cleaner picks its victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GcPolicy {
+    /// The segment with the fewest live bytes.
+    #[default]
+    Greedy,
+    /// The segment maximising (1 - u) * age / (1 + u), u its live fraction (Rosenblum and
+    /// Ousterhout's LFS cost-benefit): old, cold segments are cleaned at higher utilisation.
+    CostBenefit,
+}
+
+impl std::str::FromStr for GcPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "greedy" => Ok(GcPolicy::Greedy),
+            "cost-benefit" => Ok(GcPolicy::CostBenefit),
+            _ => Err(Error::invalid(format!(
+                "GC policy {s:?}: greedy or cost-benefit"
+            ))),
+        }
+    }
+}
+
+impl Inner {
+    /// Data bytes a segment holds when every stripe is full width.
+    fn segment_data_capacity(&self) -> u64 {
+        (self.geo.segment_size / self.shape.chunk_need())
+            * self.shape.chunk_size as u64
+            * self.geo.k as u64
+    }
+
+    /// The segment to clean next, if any holds garbage worth the work.
+    pub(crate) fn pick_victim(&self) -> Option<u32> {
+        let w = self.writer.lock();
+        let cap = self.segment_data_capacity() as f64;
+        let now = w.next_seq;
+        let policy = *self.gc_policy.lock();
+        let mut best: Option<(f64, u32)> = None;
+        for (i, st) in w.segs.states.iter().enumerate() {
+            if *st != SegState::Used {
+                continue;
+            }
+            let live = self.live[i].load(Ordering::Relaxed) as f64;
+            let u = (live / cap).min(1.0);
+            if u > 0.97 {
+                continue; // nothing to gain
+            }
+            let score = match policy {
+                GcPolicy::Greedy => 1.0 - u,
+                GcPolicy::CostBenefit => {
+                    let age = (now - w.segs.closed_seq[i].min(now)) as f64 + 1.0;
+                    (1.0 - u) * age / (1.0 + u)
+                }
+            };
+            if best.is_none_or(|(b, _)| score > b) {
+                best = Some((score, i as u32));
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+
+    /// Moves every live block out of segment `seg`; marks it Reclaimed when none is left.
+    pub(crate) fn clean_segment(&self, seg: u32) -> Result<bool> {
+        let stripes = self.scan_segment(seg, true);
+        for desc in stripes.values() {
+            if desc.kind != StripeKind::Data || desc.w == 0 {
+                continue;
+            }
+            let Some(records) = &desc.records else {
+                continue;
+            };
+            let mut live = Vec::new();
+            for r in records {
+                let Record::Write {
+                    vol,
+                    lba,
+                    chunk,
+                    offset,
+                    len,
+                    flags,
+                    crc,
+                } = *r
+                else {
+                    continue;
+                };
+                let Some(c) = desc.chunks.get(chunk as usize) else {
+                    continue;
+                };
+                let here = Entry::Media {
+                    drive: c.drive as u8,
+                    offset: c.data_offset() + offset as u64,
+                    len: len as u32,
+                    tag: crc as u8,
+                };
+                let Some(v) = self.volume_by_id(vol) else {
+                    continue;
+                };
+                if v.map.get(lba) == here.encode() {
+                    live.push((
+                        v,
+                        lba,
+                        chunk as usize,
+                        offset as usize,
+                        len as usize,
+                        flags,
+                        crc,
+                        here.encode(),
+                    ));
+                }
+            }
+            if live.is_empty() {
+                continue;
+            }
+            let shards = self.read_stripe(desc, None)?;
+            for (v, lba, chunk, offset, len, _flags, crc, expected) in live {
+                let bytes = &shards[chunk][offset..offset + len];
+                self.logged_in(Stream::Gc, true, |open| {
+                    if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
+                        return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
+                    }
+                    let Some(pos) = open.append_block(v.id, lba, bytes, crc) else {
+                        return Ok(None);
+                    };
+                    let new = Entry::Buffered {
+                        seq: open.seq,
+                        offset: pos,
+                        len: len as u32,
+                    };
+                    let old = v.map.swap(lba, new.encode());
+                    self.release(old);
+                    Stats::add(&self.stats.gc_relocated_bytes, len as u64);
+                    Ok(Some(()))
+                })?;
+            }
+        }
+        let left = self.live[seg as usize].load(Ordering::Relaxed);
+        let mut w = self.writer.lock();
+        if left == 0 && w.segs.states[seg as usize] == SegState::Used {
+            w.segs.states[seg as usize] = SegState::Reclaimed;
+            Stats::add(&self.stats.gc_segments_cleaned, 1);
+            return Ok(true);
+        }
+        if left != 0 {
+            tracing::warn!(
+                segment = seg,
+                live_bytes = left,
+                "segment still holds live data after cleaning; kept"
+            );
+        }
+        Ok(false)
+    }
+
+    /// Cleans until more than `target` segments are free, or nothing is worth cleaning; then
+    /// checkpoints so the cleaned segments become free. Returns how many were cleaned.
+    pub(crate) fn gc_until(&self, target: usize) -> Result<usize> {
+        let _one_cleaner = self.gc_lock.lock();
+        let mut cleaned = 0;
+        let mut tried = 0;
+        loop {
+            let (free, reclaimed) = {
+                let w = self.writer.lock();
+                let r = w
+                    .segs
+                    .states
+                    .iter()
+                    .filter(|s| **s == SegState::Reclaimed)
+                    .count();
+                (w.segs.free_count(), r)
+            };
+            if free + reclaimed > target || tried >= self.live.len() {
+                break;
+            }
+            let Some(victim) = self.pick_victim() else {
+                break;
+            };
+            tried += 1;
+            if self.clean_segment(victim)? {
+                cleaned += 1;
+            }
+        }
+        let reclaimed = self
+            .writer
+            .lock()
+            .segs
+            .states
+            .contains(&SegState::Reclaimed);
+        if reclaimed {
+            self.checkpoint()?;
+        }
+        Stats::add(&self.stats.gc_runs, 1);
+        Ok(cleaned)
+    }
+
+    /// Foreground cleaning by a writer that found the pool nearly full.
+    pub(crate) fn gc_foreground(&self) -> Result<()> {
+        let low = self.writer.lock().segs.low_water();
+        self.gc_until(low + 1).map(|_| ())
+    }
+}
