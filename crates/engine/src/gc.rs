@@ -77,79 +77,85 @@ impl Inner {
         best.map(|(_, s)| s)
     }
 
+    /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
+    pub(crate) fn relocate_stripe(&self, desc: &crate::scan::StripeDesc) -> Result<()> {
+        if desc.kind != StripeKind::Data || desc.w == 0 {
+            return Ok(());
+        }
+        let Some(records) = &desc.records else {
+            return Ok(());
+        };
+        let mut live = Vec::new();
+        for r in records {
+            let Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                flags,
+                crc,
+            } = *r
+            else {
+                continue;
+            };
+            let Some(c) = desc.chunks.get(chunk as usize) else {
+                continue;
+            };
+            let here = Entry::Media {
+                drive: c.drive as u8,
+                offset: c.data_offset() + offset as u64,
+                len: len as u32,
+                tag: crc as u8,
+            };
+            let Some(v) = self.volume_by_id(vol) else {
+                continue;
+            };
+            if v.map.get(lba) == here.encode() {
+                live.push((
+                    v,
+                    lba,
+                    chunk as usize,
+                    offset as usize,
+                    len as usize,
+                    flags,
+                    crc,
+                    here.encode(),
+                ));
+            }
+        }
+        if live.is_empty() {
+            return Ok(());
+        }
+        let shards = self.read_stripe(desc, None)?;
+        for (v, lba, chunk, offset, len, _flags, crc, expected) in live {
+            let bytes = &shards[chunk][offset..offset + len];
+            self.logged_in(Stream::Gc, true, |open| {
+                if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
+                    return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
+                }
+                let Some(pos) = open.append_block(v.id, lba, bytes, crc) else {
+                    return Ok(None);
+                };
+                let new = Entry::Buffered {
+                    seq: open.seq,
+                    offset: pos,
+                    len: len as u32,
+                };
+                let old = v.map.swap(lba, new.encode());
+                self.release(old);
+                Stats::add(&self.stats.gc_relocated_bytes, len as u64);
+                Ok(Some(()))
+            })?;
+        }
+        Ok(())
+    }
+
     /// Moves every live block out of segment `seg`; marks it Reclaimed when none is left.
     pub(crate) fn clean_segment(&self, seg: u32) -> Result<bool> {
         let stripes = self.scan_segment(seg, true);
         for desc in stripes.values() {
-            if desc.kind != StripeKind::Data || desc.w == 0 {
-                continue;
-            }
-            let Some(records) = &desc.records else {
-                continue;
-            };
-            let mut live = Vec::new();
-            for r in records {
-                let Record::Write {
-                    vol,
-                    lba,
-                    chunk,
-                    offset,
-                    len,
-                    flags,
-                    crc,
-                } = *r
-                else {
-                    continue;
-                };
-                let Some(c) = desc.chunks.get(chunk as usize) else {
-                    continue;
-                };
-                let here = Entry::Media {
-                    drive: c.drive as u8,
-                    offset: c.data_offset() + offset as u64,
-                    len: len as u32,
-                    tag: crc as u8,
-                };
-                let Some(v) = self.volume_by_id(vol) else {
-                    continue;
-                };
-                if v.map.get(lba) == here.encode() {
-                    live.push((
-                        v,
-                        lba,
-                        chunk as usize,
-                        offset as usize,
-                        len as usize,
-                        flags,
-                        crc,
-                        here.encode(),
-                    ));
-                }
-            }
-            if live.is_empty() {
-                continue;
-            }
-            let shards = self.read_stripe(desc, None)?;
-            for (v, lba, chunk, offset, len, _flags, crc, expected) in live {
-                let bytes = &shards[chunk][offset..offset + len];
-                self.logged_in(Stream::Gc, true, |open| {
-                    if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
-                        return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
-                    }
-                    let Some(pos) = open.append_block(v.id, lba, bytes, crc) else {
-                        return Ok(None);
-                    };
-                    let new = Entry::Buffered {
-                        seq: open.seq,
-                        offset: pos,
-                        len: len as u32,
-                    };
-                    let old = v.map.swap(lba, new.encode());
-                    self.release(old);
-                    Stats::add(&self.stats.gc_relocated_bytes, len as u64);
-                    Ok(Some(()))
-                })?;
-            }
+            self.relocate_stripe(desc)?;
         }
         let left = self.live[seg as usize].load(Ordering::Relaxed);
         let mut w = self.writer.lock();

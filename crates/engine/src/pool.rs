@@ -153,6 +153,8 @@ pub(crate) struct Inner {
     pub checkpoint_interval: u64,
     pub closed: AtomicBool,
     pub gc_lock: Mutex<()>,
+    /// Set when the pool can serve reads but not write (too few drives).
+    pub read_only: Mutex<Option<String>>,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
 }
 
@@ -232,6 +234,7 @@ impl Inner {
             checkpoint_interval,
             closed: AtomicBool::new(false),
             gc_lock: Mutex::new(()),
+            read_only: Mutex::new(None),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             geo,
         })
@@ -264,6 +267,9 @@ impl Inner {
 
     /// Fails when an earlier write failure made the pool read-only.
     pub(crate) fn check_failed(&self) -> Result<()> {
+        if let Some(why) = &*self.read_only.lock() {
+            return Err(Error::Failed(why.clone()));
+        }
         match &self.done.lock().error {
             Some(e) => Err(Error::Failed(e.clone())),
             None => Ok(()),
@@ -326,6 +332,7 @@ impl Pool {
                 cfg.segment_size
             )));
         }
+        check_interval(cfg.checkpoint_interval)?;
         let geo = Geometry {
             k: cfg.k as u8,
             m: cfg.m as u8,
@@ -366,6 +373,7 @@ impl Pool {
 
     /// Opens an existing pool with runtime options.
     pub fn open_with(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Pool> {
+        check_interval(opts.checkpoint_interval)?;
         let inner = crate::recovery::recover(drives, opts)?;
         Ok(Pool {
             inner: Arc::new(inner),
@@ -426,7 +434,8 @@ impl Pool {
 
     /// Flushes, checkpoints and stops accepting I/O.
     pub fn close(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
+        if self.inner.closed.load(Ordering::SeqCst) || self.inner.read_only.lock().is_some() {
+            self.inner.closed.store(true, Ordering::SeqCst);
             return Ok(());
         }
         self.inner.flush()?;
@@ -488,6 +497,17 @@ impl Pool {
             .fail_drive(index, &std::io::Error::other("failed by request"));
         Ok(())
     }
+}
+
+/// Checkpoint intervals: 1 MiB to 64 GiB (the bound keeps stripes between checkpoints far
+/// fewer than the sequence gap recovery leaves).
+fn check_interval(bytes: u64) -> Result<()> {
+    if !((1 << 20)..=(64 << 30)).contains(&bytes) {
+        return Err(Error::invalid(format!(
+            "checkpoint interval {bytes} bytes: 1 MiB to 64 GiB"
+        )));
+    }
+    Ok(())
 }
 
 /// Volume sizes: up to what a block map reaches (32 TiB).

@@ -99,6 +99,15 @@ impl Inner {
     /// errors, CRC mismatches and the drive `avoid` as erasures, and rebuilds the data chunks.
     /// Returns all w + m shards.
     pub(crate) fn read_stripe(&self, s: &StripeDesc, avoid: Option<usize>) -> Result<Vec<Vec<u8>>> {
+        self.read_stripe_lost(s, avoid).map(|(shards, _)| shards)
+    }
+
+    /// `read_stripe`, also saying how many chunks had to be rebuilt or were unreadable parity.
+    pub(crate) fn read_stripe_lost(
+        &self,
+        s: &StripeDesc,
+        avoid: Option<usize>,
+    ) -> Result<(Vec<Vec<u8>>, usize)> {
         let l = s.parity_len;
         let n = if s.w == 0 { 0 } else { s.w + s.m };
         let mut shards: Vec<Vec<u8>> = Vec::with_capacity(n);
@@ -143,6 +152,6 @@ impl Inner {
             }
             Stats::add(&self.stats.reconstructed_chunks, lost.len() as u64);
         }
-        Ok(shards)
+        Ok((shards, lost.len()))
     }
 }

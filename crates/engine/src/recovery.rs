@@ -21,6 +21,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Sequence numbers skipped after every recovery (see `roll_forward`).
+pub const SEQ_GAP: u64 = 1 << 32;
+
 /// Reads a drive's newest valid superblock of its two slots.
 pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
     let mut errs = Vec::new();
@@ -125,11 +128,24 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
     )?;
     let started = std::time::Instant::now();
     inner.load_checkpoint()?;
-    let replayed = inner.roll_forward()?;
+    let (replayed, repair) = inner.roll_forward()?;
     inner.recount_live();
-    inner.checkpoint()?;
+    let up = inner.healthy().iter().filter(|h| **h).count();
+    if up <= inner.geo.m as usize {
+        // Every block is readable, but a stripe needs m + 1 drives: serve reads only.
+        let why = format!("only {up} drives present: read-only until drives return");
+        tracing::warn!("{why}");
+        *inner.read_only.lock() = Some(why);
+    } else {
+        // The roll-forward holds the writer lock no more: repairs append like the cleaner.
+        for d in &repair {
+            inner.relocate_stripe(d)?;
+        }
+        inner.checkpoint()?;
+    }
     tracing::info!(
         replayed,
+        repaired = repair.len(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "pool opened"
     );
@@ -238,8 +254,10 @@ impl Inner {
         }
     }
 
-    /// Applies every complete stripe after the checkpoint, in order; returns how many.
-    fn roll_forward(&self) -> Result<u64> {
+    /// Applies every complete stripe after the checkpoint, in order; returns how many, and the
+    /// stripes that could only be read by reconstruction.
+    fn roll_forward(&self) -> Result<(u64, Vec<StripeDesc>)> {
+        let mut repair = Vec::new();
         let cp_end = self.sb.lock().checkpoint.seq_end;
         let mut w = self.writer.lock();
         let scan: Vec<u32> = (0..self.geo.segment_count)
@@ -277,9 +295,16 @@ impl Inner {
                 break;
             };
             if d.w > 0 {
-                if let Err(e) = self.read_stripe(d, None) {
-                    tracing::info!(seq, error = %e, "log ends: stripe incomplete");
-                    break;
+                match self.read_stripe_lost(d, None) {
+                    Err(e) => {
+                        tracing::info!(seq, error = %e, "log ends: stripe incomplete");
+                        break;
+                    }
+                    // Readable only by reconstruction (a crash tore some of its chunks, or a
+                    // drive is missing): rewrite it once the log is replayed, so it does not
+                    // run with less redundancy than the pool promises.
+                    Ok((_, lost)) if lost > 0 => repair.push(d.clone()),
+                    Ok(_) => {}
                 }
             }
             self.apply_records(d, records)?;
@@ -293,8 +318,12 @@ impl Inner {
                 *st = SegState::Used;
             }
         }
-        w.next_seq = max_seen + 1;
-        Ok(applied)
+        // Chunks of stripes written before the crash may sit on drives we could not read now
+        // (failing, missing) and surface at a later open: never reuse their sequence numbers.
+        // At most one checkpoint interval of stripes (far fewer than SEQ_GAP) follows the
+        // checkpoint, so jumping past them keeps every sequence number unique.
+        w.next_seq = max_seen + 1 + SEQ_GAP;
+        Ok((applied, repair))
     }
 
     fn apply_records(&self, d: &StripeDesc, records: &[Record]) -> Result<()> {
