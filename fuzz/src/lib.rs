@@ -1,0 +1,139 @@
+//! The fuzz targets as plain functions, shared by the cargo-fuzz binaries (fuzz_targets/)
+//! and the stable random-input tests (tests/random_inputs.rs). Each must return, never panic
+//! or hang, whatever the bytes.
+
+use flashpool_engine::drive::{CrashFate, Drive, DriveRef, MemDrive};
+use flashpool_engine::format::{checkpoint::CheckpointImage, header::ChunkHeader, superblock::Superblock};
+use flashpool_engine::{Pool, PoolConfig};
+use flashpool_nbd::{MemExport, StaticExports};
+use std::io::Cursor;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
+/// The server side of the NBD handshake, fed `data` as everything the client sends.
+pub fn nbd_handshake(data: &[u8]) {
+    static EXPORTS: OnceLock<StaticExports> = OnceLock::new();
+    let exports = EXPORTS.get_or_init(|| {
+        let mut e = StaticExports::new();
+        e.add("disk", "fuzz export", Arc::new(MemExport::new(1 << 20)));
+        e.set_default("disk");
+        e
+    });
+    let mut r = Cursor::new(data);
+    let mut w = std::io::sink();
+    let _ = flashpool_nbd::handshake::negotiate(&mut r, &mut w, exports, &AtomicBool::new(false));
+}
+
+/// Transmission-phase request and option headers.
+pub fn nbd_request(data: &[u8]) {
+    use flashpool_nbd::wire::{decode_option_header, decode_request};
+    for c in data.chunks(28) {
+        if let Ok(b) = c.try_into() {
+            let _ = decode_request(b);
+        }
+    }
+    for c in data.chunks(16) {
+        if let Ok(b) = c.try_into() {
+            let _ = decode_option_header(b);
+        }
+    }
+}
+
+/// Every on-disk structure's decoder.
+pub fn decode_formats(data: &[u8]) {
+    let _ = Superblock::decode(data);
+    let _ = ChunkHeader::decode(data);
+    let _ = CheckpointImage::decode(data);
+    // Also at block size, where the decoders read whole blocks.
+    let mut b = vec![0u8; 4096];
+    let n = data.len().min(4096);
+    b[..n].copy_from_slice(&data[..n]);
+    let _ = Superblock::decode(&b);
+    let _ = ChunkHeader::decode(&b);
+}
+
+const DRIVE: u64 = 6 << 20;
+
+/// Images of a small 2+1 pool with a volume holding data, made once.
+pub fn pool_images() -> &'static Vec<Arc<MemDrive>> {
+    static IMAGES: OnceLock<Vec<Arc<MemDrive>>> = OnceLock::new();
+    IMAGES.get_or_init(|| {
+        let mems: Vec<Arc<MemDrive>> =
+            (0..3).map(|i| Arc::new(MemDrive::new(DRIVE, format!("mem:{i}")))).collect();
+        let cfg = PoolConfig {
+            k: 2,
+            m: 1,
+            chunk_size: 8 << 10,
+            segment_size: 1 << 20,
+            checkpoint_interval: 1 << 20,
+        };
+        let pool = Pool::create(mems.iter().map(|d| d.clone() as DriveRef).collect(), &cfg)
+            .expect("create");
+        pool.create_volume("v", 256 << 10).unwrap();
+        let v = pool.volume("v").unwrap();
+        for i in 0..48u64 {
+            v.write((i * 5 % 64) * 4096, &[i as u8 ^ 0x5a; 4096]).unwrap();
+            if i % 16 == 0 {
+                pool.flush().unwrap();
+            }
+        }
+        pool.checkpoint().unwrap();
+        v.write(3 * 4096, &[7u8; 4096]).unwrap();
+        pool.flush().unwrap();
+        drop(pool); // no close: the log after the checkpoint is rolled forward on open
+        mems
+    })
+}
+
+/// Opens the pool after patching its drive images as `data` says: a list of
+/// (drive: u8, where: u8, offset: u16, len: u8, bytes...) patches, mostly into the
+/// superblocks and the first segments. Must give a pool or an error, never a panic.
+pub fn open_corrupt_pool(data: &[u8]) {
+    let drives: Vec<Arc<MemDrive>> = pool_images()
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| CrashFate::Persisted)))
+        .collect();
+    let mut p = data;
+    while p.len() >= 5 {
+        let d = p[0] as usize % drives.len();
+        let base: u64 = match p[1] % 4 {
+            0 => 0,                         // superblocks
+            1 => 1 << 20,                   // first segment
+            2 => (1 << 20) + (64 << 10),
+            _ => (p[1] as u64 % 5 + 1) << 20, // segment starts (checkpoints)
+        };
+        let off = base + u16::from_le_bytes([p[2], p[3]]) as u64;
+        let len = (p[4] as usize).min(p.len() - 5);
+        let bytes = &p[5..5 + len];
+        patch(&drives[d], off, bytes);
+        p = &p[5 + len..];
+    }
+    let refs: Vec<DriveRef> = drives.iter().map(|d| d.clone() as DriveRef).collect();
+    if let Ok(pool) = Pool::open(refs) {
+        for info in pool.volumes() {
+            if let Ok(v) = pool.volume(&info.name) {
+                let mut b = vec![0u8; 4096];
+                let mut off = 0;
+                while off + 4096 <= info.size.min(1 << 20) {
+                    let _ = v.read(off, &mut b);
+                    off += 4096;
+                }
+            }
+        }
+    }
+}
+
+fn patch(d: &MemDrive, off: u64, bytes: &[u8]) {
+    if bytes.is_empty() || off + bytes.len() as u64 > DRIVE {
+        return;
+    }
+    let start = off / 4096 * 4096;
+    let end = (off + bytes.len() as u64).div_ceil(4096) * 4096;
+    let mut b = flashpool_engine::aligned::AlignedBuf::zeroed((end - start) as usize);
+    d.read_at(start, &mut b).unwrap();
+    let at = (off - start) as usize;
+    for (i, x) in bytes.iter().enumerate() {
+        b[at + i] ^= x;
+    }
+    d.write_at(start, &b).unwrap();
+}

@@ -1,0 +1,69 @@
+//! The fuzz targets over seeded random inputs, on stable `cargo test` (no cargo-fuzz needed):
+//! random bytes, the corpus files, and the corpus files with random mutations.
+//! FUZZ_CASES=N sets the number of random inputs per target (default 2000).
+
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus as Rng;
+
+fn cases() -> usize {
+    std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+}
+
+fn corpus(target: &str) -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            out.push(std::fs::read(e.path()).unwrap());
+        }
+    }
+    out
+}
+
+fn drive(target: &str, f: fn(&[u8]), max_len: usize, n: usize) {
+    let seeds = corpus(target);
+    let mut rng = Rng::seed_from_u64(0xF022 ^ target.len() as u64);
+    for s in &seeds {
+        f(s);
+    }
+    for i in 0..n {
+        let mut input = if !seeds.is_empty() && i % 2 == 0 {
+            seeds[i % seeds.len()].clone()
+        } else {
+            let len = rng.random_range(0..=max_len);
+            (0..len).map(|_| rng.random::<u8>()).collect()
+        };
+        for _ in 0..rng.random_range(0..8) {
+            if input.is_empty() {
+                break;
+            }
+            let at = rng.random_range(0..input.len());
+            input[at] ^= 1 << rng.random_range(0..8);
+        }
+        if rng.random_range(0..4) == 0 {
+            let cut = rng.random_range(0..=input.len());
+            input.truncate(cut);
+        }
+        f(&input);
+    }
+}
+
+#[test]
+fn nbd_handshake() {
+    drive("nbd_handshake", flashpool_fuzz::nbd_handshake, 512, cases());
+}
+
+#[test]
+fn nbd_request() {
+    drive("nbd_request", flashpool_fuzz::nbd_request, 256, cases());
+}
+
+#[test]
+fn decode_formats() {
+    drive("decode_formats", flashpool_fuzz::decode_formats, 8192, cases());
+}
+
+#[test]
+fn open_corrupt_pool() {
+    drive("open_corrupt_pool", flashpool_fuzz::open_corrupt_pool, 200, cases() / 10);
+}
