@@ -3,7 +3,9 @@
 //! or hang, whatever the bytes.
 
 use flashpool_engine::drive::{CrashFate, Drive, DriveRef, MemDrive};
-use flashpool_engine::format::{checkpoint::CheckpointImage, header::ChunkHeader, superblock::Superblock};
+use flashpool_engine::format::{
+    checkpoint::CheckpointImage, header::ChunkHeader, superblock::Superblock,
+};
 use flashpool_engine::{Pool, PoolConfig};
 use flashpool_nbd::{MemExport, StaticExports};
 use std::io::Cursor;
@@ -58,8 +60,9 @@ const DRIVE: u64 = 6 << 20;
 pub fn pool_images() -> &'static Vec<Arc<MemDrive>> {
     static IMAGES: OnceLock<Vec<Arc<MemDrive>>> = OnceLock::new();
     IMAGES.get_or_init(|| {
-        let mems: Vec<Arc<MemDrive>> =
-            (0..3).map(|i| Arc::new(MemDrive::new(DRIVE, format!("mem:{i}")))).collect();
+        let mems: Vec<Arc<MemDrive>> = (0..3)
+            .map(|i| Arc::new(MemDrive::new(DRIVE, format!("mem:{i}"))))
+            .collect();
         let cfg = PoolConfig {
             k: 2,
             m: 1,
@@ -72,7 +75,8 @@ pub fn pool_images() -> &'static Vec<Arc<MemDrive>> {
         pool.create_volume("v", 256 << 10).unwrap();
         let v = pool.volume("v").unwrap();
         for i in 0..48u64 {
-            v.write((i * 5 % 64) * 4096, &[i as u8 ^ 0x5a; 4096]).unwrap();
+            v.write((i * 5 % 64) * 4096, &[i as u8 ^ 0x5a; 4096])
+                .unwrap();
             if i % 16 == 0 {
                 pool.flush().unwrap();
             }
@@ -97,8 +101,8 @@ pub fn open_corrupt_pool(data: &[u8]) {
     while p.len() >= 5 {
         let d = p[0] as usize % drives.len();
         let base: u64 = match p[1] % 4 {
-            0 => 0,                         // superblocks
-            1 => 1 << 20,                   // first segment
+            0 => 0,       // superblocks
+            1 => 1 << 20, // first segment
             2 => (1 << 20) + (64 << 10),
             _ => (p[1] as u64 % 5 + 1) << 20, // segment starts (checkpoints)
         };

@@ -6,11 +6,16 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus as Rng;
 
 fn cases() -> usize {
-    std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+    std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
 }
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
@@ -60,10 +65,20 @@ fn nbd_request() {
 
 #[test]
 fn decode_formats() {
-    drive("decode_formats", flashpool_fuzz::decode_formats, 8192, cases());
+    drive(
+        "decode_formats",
+        flashpool_fuzz::decode_formats,
+        8192,
+        cases(),
+    );
 }
 
 #[test]
 fn open_corrupt_pool() {
-    drive("open_corrupt_pool", flashpool_fuzz::open_corrupt_pool, 200, cases() / 10);
+    drive(
+        "open_corrupt_pool",
+        flashpool_fuzz::open_corrupt_pool,
+        200,
+        cases() / 10,
+    );
 }
