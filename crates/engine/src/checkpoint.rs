@@ -55,6 +55,7 @@ impl Inner {
                     v.id,
                     &v.name,
                     v.size.load(std::sync::atomic::Ordering::Relaxed),
+                    v.compressor.setting() as u8,
                 );
                 v.map.for_each_run(|lba, entries| {
                     debug_assert!(

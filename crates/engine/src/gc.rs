@@ -128,13 +128,13 @@ impl Inner {
             return Ok(());
         }
         let shards = self.read_stripe(desc, None)?;
-        for (v, lba, chunk, offset, len, _flags, crc, expected) in live {
+        for (v, lba, chunk, offset, len, flags, crc, expected) in live {
             let bytes = &shards[chunk][offset..offset + len];
             self.logged_in(Stream::Gc, true, |open| {
                 if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                     return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
                 }
-                let Some(pos) = open.append_block(v.id, lba, bytes, crc) else {
+                let Some(pos) = open.append_block(v.id, lba, bytes, crc, flags) else {
                     return Ok(None);
                 };
                 let new = Entry::Buffered {

@@ -15,6 +15,7 @@
 pub mod aligned;
 mod checkpoint;
 pub mod codec;
+pub mod compress;
 pub mod drive;
 pub mod error;
 pub mod format;
@@ -30,6 +31,7 @@ pub mod stripe;
 mod volume;
 mod write;
 
+pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;
 pub use pool::{OpenOptions, Pool, PoolConfig, PoolInfo, MAX_STRIPE_BUFFERS};

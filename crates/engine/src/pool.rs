@@ -85,6 +85,10 @@ pub(crate) struct VolumeState {
     pub size: AtomicU64,
     pub map: BlockMap,
     pub deleted: AtomicBool,
+    pub compressor: crate::compress::Compressor,
+    /// Logical bytes of whole blocks written, and the bytes they took when stored.
+    pub logical_written: crate::stats::Counter,
+    pub stored_written: crate::stats::Counter,
 }
 
 #[derive(Default)]
@@ -383,11 +387,31 @@ impl Pool {
     /// Creates a thin volume of `size` bytes (a multiple of 4096... any size; the last
     /// partial block is usable up to `size`).
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_volume_with(name, size, crate::compress::Compression::default())
+    }
+
+    /// Creates a thin volume with a compression setting.
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size: u64,
+        compression: crate::compress::Compression,
+    ) -> Result<VolumeInfo> {
         validate_name(name)?;
         validate_size(size)?;
-        let info = self.inner.log_volume_create(name, size)?;
+        let info = self.inner.log_volume_create(name, size, compression)?;
         self.flush()?;
         Ok(info)
+    }
+
+    /// Changes a volume's compression setting (applies to blocks written from now on).
+    pub fn set_volume_compression(
+        &self,
+        name: &str,
+        compression: crate::compress::Compression,
+    ) -> Result<()> {
+        self.inner.log_volume_compression(name, compression)?;
+        self.flush()
     }
 
     /// Deletes a volume and frees its blocks.

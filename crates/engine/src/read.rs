@@ -2,6 +2,8 @@
 //! read checked against the CRC tag in the map entry; on a drive error or a tag mismatch, the
 //! block is rebuilt from the rest of its stripe, every chunk checked against its CRC32C.
 
+use crate::aligned::AlignedBuf;
+use crate::compress;
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::Entry;
@@ -23,16 +25,12 @@ impl Inner {
                     return Ok(false);
                 }
                 Some(Entry::Buffered { seq, offset, len }) => {
-                    if len as usize != BLOCK {
-                        return Err(Error::corrupt(
-                            "compressed blocks are not supported by this build",
-                        ));
-                    }
                     let buf = self.inflight.read().get(&seq).cloned();
                     if let Some(b) = buf {
                         let g = b.data.read();
                         if let Some(data) = g.as_ref() {
-                            out.copy_from_slice(&data[offset as usize..offset as usize + BLOCK]);
+                            let at = offset as usize;
+                            compress::decode(&data[at..at + len as usize], out)?;
                             return Ok(false);
                         }
                     }
@@ -44,12 +42,7 @@ impl Inner {
                     len,
                     tag,
                 }) => {
-                    if len as usize != BLOCK {
-                        return Err(Error::corrupt(
-                            "compressed blocks are not supported by this build",
-                        ));
-                    }
-                    let res = self.read_media(drive as usize, offset, tag, out);
+                    let res = self.read_media(drive as usize, offset, len as usize, tag, out);
                     // The cleaner may have moved the block (and its segment been reused)
                     // while we read: the data counts only if the entry did not change.
                     if vol.map.get(lba) != raw {
@@ -65,12 +58,31 @@ impl Inner {
         )))
     }
 
-    fn read_media(&self, d: usize, offset: u64, tag: u8, out: &mut [u8]) -> Result<()> {
+    /// Reads the stored block at `offset` (`len` bytes: 4096 raw, less compressed) and
+    /// expands it into `out`; rebuilds it from its stripe when the drive fails or the CRC tag
+    /// does not match.
+    fn read_media(&self, d: usize, offset: u64, len: usize, tag: u8, out: &mut [u8]) -> Result<()> {
         if let Some(drive) = self.drives.get(d).and_then(|s| s.usable()) {
-            match drive.read_at(offset, out) {
-                Ok(()) => {
-                    Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
-                    if crc32c::crc32c(out) as u8 == tag {
+            let res = if len == BLOCK && offset.is_multiple_of(BLOCK as u64) {
+                drive
+                    .read_at(offset, out)
+                    .map(|_| crc32c::crc32c(out) as u8 == tag)
+            } else {
+                // A packed block (compressed, or raw after a compressed one): read the 4 KiB
+                // blocks around it.
+                let start = offset / BLOCK as u64 * BLOCK as u64;
+                let end = (offset + len as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
+                let mut tmp = AlignedBuf::zeroed((end - start) as usize);
+                let at = (offset - start) as usize;
+                drive.read_at(start, &mut tmp).map(|_| {
+                    let stored = &tmp[at..at + len];
+                    crc32c::crc32c(stored) as u8 == tag && compress::decode(stored, out).is_ok()
+                })
+            };
+            match res {
+                Ok(good) => {
+                    Stats::add(&self.stats.media_read_bytes, len.max(BLOCK) as u64);
+                    if good {
                         return Ok(());
                     }
                     Stats::add(&self.stats.crc_errors, 1);
@@ -85,12 +97,13 @@ impl Inner {
         let (desc, j) = self.find_stripe(d, offset)?;
         let shards = self.read_stripe(&desc, Some(d))?;
         let at = (offset - desc.chunks[j].data_offset()) as usize;
-        out.copy_from_slice(&shards[j][at..at + BLOCK]);
-        if crc32c::crc32c(out) as u8 != tag {
+        let stored = &shards[j][at..at + len];
+        if crc32c::crc32c(stored) as u8 != tag {
             return Err(Error::Unavailable(format!(
                 "block at drive {d} offset {offset} fails its CRC after reconstruction"
             )));
         }
+        compress::decode(stored, out)?;
         Stats::add(&self.stats.degraded_reads, 1);
         Ok(())
     }

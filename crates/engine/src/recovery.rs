@@ -7,6 +7,7 @@
 //! was never flushed, and each of its blocks reads as its previous contents.
 
 use crate::aligned::AlignedBuf;
+use crate::compress::Compression;
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CheckpointImage;
@@ -218,7 +219,8 @@ impl Inner {
                     v.id, v.name
                 )));
             }
-            let state = VolumeState::new(v.id, &v.name, v.size);
+            let state =
+                VolumeState::new(v.id, &v.name, v.size, Compression::from_u8(v.compression)?);
             let blocks = v.size.div_ceil(BLOCK as u64);
             for (lba, entries) in v.runs {
                 for (i, e) in entries.into_iter().enumerate() {
@@ -371,17 +373,28 @@ impl Inner {
                         v.map.clear_range(*lba, *count, |_| {});
                     }
                 }
-                Record::VolumeCreate { vol, size, name } => {
+                Record::VolumeCreate {
+                    vol,
+                    size,
+                    name,
+                    compression,
+                } => {
                     if !t.by_id.contains_key(vol) && !t.by_name.contains_key(name) {
+                        let c = Compression::from_u8(*compression)?;
                         t.by_name.insert(name.clone(), *vol);
                         t.by_id
-                            .insert(*vol, Arc::new(VolumeState::new(*vol, name, *size)));
+                            .insert(*vol, Arc::new(VolumeState::new(*vol, name, *size, c)));
                     }
                     t.next_id = t.next_id.max(vol + 1);
                 }
                 Record::VolumeDelete { vol } => {
                     if let Some(v) = t.by_id.remove(vol) {
                         t.by_name.remove(&v.name);
+                    }
+                }
+                Record::VolumeCompression { vol, compression } => {
+                    if let Some(v) = t.by_id.get(vol) {
+                        v.compressor.set(Compression::from_u8(*compression)?);
                     }
                 }
                 Record::VolumeResize { vol, size } => {

@@ -119,6 +119,14 @@ counters! {
     gc_segments_cleaned,
     /// Cleaner passes.
     gc_runs,
+    /// Blocks stored compressed.
+    compressed_blocks,
+    /// Blocks that were tried and did not compress enough (stored raw).
+    incompressible_blocks,
+    /// Blocks stored raw without trying, while compression backs off.
+    compression_skipped_blocks,
+    /// Stored bytes of the compressed blocks (their logical size is 4096 each).
+    compressed_stored_bytes,
 }
 
 impl Stats {

@@ -38,7 +38,8 @@ impl StripeShape {
     /// The shape for k + m chunks of `chunk_size` bytes.
     pub fn new(k: usize, m: usize, chunk_size: usize) -> Self {
         // One write record per block plus room for trims and volume changes.
-        let record_budget = (k * chunk_size / BLOCK + 64) * 24 + 512;
+        // Room for one write record per block at 2:1 compression, plus trims and volume changes.
+        let record_budget = (2 * k * chunk_size / BLOCK + 64) * 24 + 512;
         let hmax = header_len(k + m, None) + round_up_block(record_budget);
         StripeShape {
             k,
@@ -76,6 +77,8 @@ pub struct OpenStripe {
     fill: usize,
     pub records: Vec<Record>,
     record_bytes: usize,
+    /// Bytes of data chunks written only to fill them out (packing tails).
+    padding: usize,
 }
 
 impl OpenStripe {
@@ -96,6 +99,7 @@ impl OpenStripe {
             fill: 0,
             records: Vec::new(),
             record_bytes: 0,
+            padding: 0,
         }
     }
 
@@ -114,6 +118,15 @@ impl OpenStripe {
             if self.chunk + 1 >= self.plan.w_max {
                 return None;
             }
+            // The chunk's unused tail is written as zeros: padding.
+            let (from, to) = (
+                self.data_pos(self.chunk, self.fill),
+                self.data_pos(self.chunk, self.shape.chunk_size),
+            );
+            if let Some(b) = self.buf.data.write().as_mut() {
+                b[from..to].fill(0);
+            }
+            self.padding += self.shape.chunk_size - self.fill;
             self.chunk += 1;
             self.fill = 0;
         }
@@ -137,7 +150,14 @@ impl OpenStripe {
 
     /// Appends one stored block with its write record; returns its byte offset in the buffer,
     /// or None when the stripe is full (seal, then retry).
-    pub fn append_block(&mut self, vol: u32, lba: u64, data: &[u8], crc: u32) -> Option<u32> {
+    pub fn append_block(
+        &mut self,
+        vol: u32,
+        lba: u64,
+        data: &[u8],
+        crc: u32,
+        flags: u8,
+    ) -> Option<u32> {
         debug_assert!(data.len() <= BLOCK && data.len().is_multiple_of(32));
         let rec = Record::Write {
             vol,
@@ -165,7 +185,7 @@ impl OpenStripe {
             chunk: chunk as u8,
             offset: off as u32,
             len: data.len() as u16,
-            flags: 0,
+            flags,
             crc,
         };
         self.push_record(rec);
@@ -225,6 +245,12 @@ impl OpenStripe {
             })
             .collect();
         let parity_len = data_lens.first().copied().unwrap_or(0);
+        let padding = self.padding
+            + if w > 0 {
+                round_up_block(self.fill) - self.fill
+            } else {
+                0
+            };
         // Chunk i of the stripe -> slot in the plan (drives/offsets) and buffer region.
         let mut slots: Vec<usize> = (0..w).collect();
         if w == 0 {
@@ -274,6 +300,7 @@ impl OpenStripe {
             chunks,
             regions,
             records: self.records,
+            padding,
             buf: self.buf,
             shape: s,
             pool_uuid,
@@ -292,6 +319,8 @@ pub struct SealedStripe {
     pub chunks: Vec<ChunkLoc>,
     regions: Vec<usize>,
     pub records: Vec<Record>,
+    /// Bytes of the data chunks that are packing tails, not data.
+    pub padding: usize,
     pub buf: Arc<StripeBuf>,
     pub shape: StripeShape,
     pool_uuid: [u8; 16],

@@ -6,6 +6,7 @@
 //! bytes of one block never lose each other. Unaligned trims zero the partial blocks at their
 //! edges and unmap the whole blocks between.
 
+use crate::compress::{Compression, Compressor};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::{BlockMap, Entry};
@@ -17,13 +18,16 @@ use std::sync::Arc;
 const B: u64 = BLOCK as u64;
 
 impl VolumeState {
-    pub(crate) fn new(id: u32, name: &str, size: u64) -> Self {
+    pub(crate) fn new(id: u32, name: &str, size: u64, compression: Compression) -> Self {
         VolumeState {
             id,
             name: name.to_owned(),
             size: AtomicU64::new(size),
             map: BlockMap::new(),
             deleted: AtomicBool::new(false),
+            compressor: Compressor::new(compression),
+            logical_written: Default::default(),
+            stored_written: Default::default(),
         }
     }
 
@@ -35,22 +39,34 @@ impl VolumeState {
 }
 
 /// A volume's name, id and size.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct VolumeInfo {
     pub id: u32,
     pub name: String,
     pub size: u64,
     /// Bytes of RAM its block map uses.
     pub map_bytes: u64,
+    /// Compression setting.
+    pub compression: Compression,
+    /// Logical bytes written over stored bytes, for whole blocks written so far (1.0 when
+    /// nothing compressed).
+    pub compression_ratio: f64,
 }
 
 impl VolumeInfo {
     pub(crate) fn of(v: &VolumeState) -> Self {
+        let (logical, stored) = (v.logical_written.load(), v.stored_written.load());
         VolumeInfo {
             id: v.id,
             name: v.name.clone(),
             size: v.size.load(Ordering::Relaxed),
             map_bytes: v.map.memory_bytes() as u64,
+            compression: v.compressor.setting(),
+            compression_ratio: if stored == 0 {
+                1.0
+            } else {
+                logical as f64 / stored as f64
+            },
         }
     }
 }

@@ -6,6 +6,7 @@
 //! flush seals whatever the open stripe holds (a narrower stripe, never padded), waits for
 //! every earlier stripe, then flushes the drives.
 
+use crate::compress::{Compression, Outcome};
 use crate::error::{Error, Result};
 use crate::format::header::{Record, StripeKind};
 use crate::layout::{SegmentTable, Stream};
@@ -95,7 +96,11 @@ impl Inner {
                         } else if cw.parity {
                             Stats::add(&st.media_parity_bytes, body);
                         } else {
-                            Stats::add(&st.media_data_bytes, body);
+                            // Packing tails of this chunk count as padding, the rest as data.
+                            let pad = (s.padding as u64).min(body);
+                            s.padding -= pad as usize;
+                            Stats::add(&st.media_padding_bytes, pad);
+                            Stats::add(&st.media_data_bytes, body - pad);
                         }
                     }
                     Err(e) => {
@@ -269,8 +274,9 @@ impl Inner {
         }
     }
 
-    /// Appends one whole block of a volume.
-    /// `host_bytes` is how much of it the host wrote (less for a merged partial block).
+    /// Appends one whole block of a volume, compressed when its volume's setting and the
+    /// data allow. `host_bytes` is how much of it the host wrote (less for a merged partial
+    /// block).
     pub(crate) fn write_block(
         &self,
         vol: &VolumeState,
@@ -278,7 +284,25 @@ impl Inner {
         data: &[u8],
         host_bytes: u64,
     ) -> Result<()> {
-        let crc = crc32c::crc32c(data);
+        let mut scratch = [0u8; crate::compress::SCRATCH];
+        let (stored, flags): (&[u8], u8) = match vol.compressor.compress(data, &mut scratch) {
+            Outcome::Compressed(n) => {
+                Stats::add(&self.stats.compressed_blocks, 1);
+                Stats::add(&self.stats.compressed_stored_bytes, n as u64);
+                (&scratch[..n], 1)
+            }
+            Outcome::Incompressible => {
+                Stats::add(&self.stats.incompressible_blocks, 1);
+                (data, 0)
+            }
+            Outcome::Skipped => {
+                if vol.compressor.setting() != crate::compress::Compression::Off {
+                    Stats::add(&self.stats.compression_skipped_blocks, 1);
+                }
+                (data, 0)
+            }
+        };
+        let crc = crc32c::crc32c(stored);
         self.logged(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
                 return Err(Error::NotFound(format!(
@@ -286,18 +310,20 @@ impl Inner {
                     vol.name
                 )));
             }
-            let Some(pos) = open.append_block(vol.id, lba, data, crc) else {
+            let Some(pos) = open.append_block(vol.id, lba, stored, crc, flags) else {
                 return Ok(None);
             };
             let new = Entry::Buffered {
                 seq: open.seq,
                 offset: pos,
-                len: data.len() as u32,
+                len: stored.len() as u32,
             };
             let old = vol.map.swap(lba, new.encode());
             self.release(old);
             Ok(Some(()))
         })?;
+        vol.logical_written.add(data.len() as u64);
+        vol.stored_written.add(stored.len() as u64);
         Stats::add(&self.stats.host_write_bytes, host_bytes);
         Ok(())
     }
@@ -326,7 +352,12 @@ impl Inner {
         })
     }
 
-    pub(crate) fn log_volume_create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+    pub(crate) fn log_volume_create(
+        &self,
+        name: &str,
+        size: u64,
+        compression: Compression,
+    ) -> Result<VolumeInfo> {
         self.logged(|open| {
             let mut t = self.volumes.write();
             if t.by_name.contains_key(name) {
@@ -337,15 +368,38 @@ impl Inner {
                 vol: id,
                 size,
                 name: name.to_owned(),
+                compression: compression as u8,
             }) {
                 return Ok(None);
             }
             t.next_id += 1;
-            let v = Arc::new(VolumeState::new(id, name, size));
+            let v = Arc::new(VolumeState::new(id, name, size, compression));
             let info = VolumeInfo::of(&v);
             t.by_name.insert(name.to_owned(), id);
             t.by_id.insert(id, v);
             Ok(Some(info))
+        })
+    }
+
+    pub(crate) fn log_volume_compression(
+        &self,
+        name: &str,
+        compression: Compression,
+    ) -> Result<()> {
+        self.logged(|open| {
+            let t = self.volumes.read();
+            let id = *t
+                .by_name
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            if !open.push_record(Record::VolumeCompression {
+                vol: id,
+                compression: compression as u8,
+            }) {
+                return Ok(None);
+            }
+            t.by_id[&id].compressor.set(compression);
+            Ok(Some(()))
         })
     }
 

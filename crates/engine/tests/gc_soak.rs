@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use flashpool_engine::drive::{CrashFate, MemDrive};
-use flashpool_engine::{GcPolicy, Pool, PoolConfig};
+use flashpool_engine::{Compression, GcPolicy, Pool, PoolConfig};
 use rand::{RngExt, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,7 +63,9 @@ fn soak(seed: u64, policy: GcPolicy, ops: u64) -> (u64, u64) {
     pool.set_gc_policy(policy);
     let cap = pool.info().capacity_bytes;
     let blocks = cap / 4096 * 60 / 100; // 40 % spare
-    pool.create_volume("v", blocks * 4096).unwrap();
+                                        // Uncompressed, so the data really fills the pool (tests/compression.rs covers GC of packed blocks).
+    pool.create_volume_with("v", blocks * 4096, Compression::Off)
+        .unwrap();
     let mut pool = Some(pool);
     let mut m = Model {
         current: HashMap::new(),
@@ -189,7 +191,7 @@ fn full_pool_enospc_then_recovers() {
         .collect();
     let pool = Pool::create(as_refs(&drives), &config()).unwrap();
     let cap = pool.info().capacity_bytes;
-    pool.create_volume("a", cap).unwrap(); // thin: larger than what fits after overheads
+    pool.create_volume_with("a", cap, Compression::Off).unwrap(); // thin: larger than what fits after overheads
     let vol = pool.volume("a").unwrap();
     let mut written = 0u64;
     let err = loop {

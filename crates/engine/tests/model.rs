@@ -173,9 +173,21 @@ struct Sut {
     model: Model,
 }
 
+/// Half the writes are random (incompressible), half text-like (compressible), so the
+/// model covers packed and raw blocks side by side.
 fn payload(stamp: u64, len: u64) -> Vec<u8> {
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(stamp);
-    (0..len).map(|_| rng.random::<u8>()).collect()
+    if stamp.is_multiple_of(2) {
+        let words = [&b"lba="[..], b" seg=", b" INFO ", b"flashpool "];
+        (0..len)
+            .map(|i| {
+                words[(i / 7 % 4) as usize][(i % 4) as usize % words[(i / 7 % 4) as usize].len()]
+                    ^ (stamp as u8 & 1)
+            })
+            .collect()
+    } else {
+        (0..len).map(|_| rng.random::<u8>()).collect()
+    }
 }
 
 impl Sut {

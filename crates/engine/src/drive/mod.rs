@@ -10,7 +10,7 @@ mod file;
 mod mem;
 mod record;
 
-pub use fault::{FaultDrive, FaultSwitch};
+pub use fault::*;
 pub use file::FileDrive;
 pub use mem::{CrashFate, MemDrive};
 pub use record::{DriveLog, DriveOp, RecordingDrive};

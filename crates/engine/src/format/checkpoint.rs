@@ -18,6 +18,8 @@ pub struct VolumeImage {
     pub id: u32,
     pub name: String,
     pub size: u64,
+    /// Compression setting: 0 off, 1 lz4, 2 zstd.
+    pub compression: u8,
     /// Runs of consecutive mapped blocks: first block and the map entries.
     pub runs: Vec<(u64, Vec<u64>)>,
 }
@@ -51,10 +53,10 @@ impl CheckpointWriter {
     }
 
     /// Starts a volume; its runs follow, then `end_volume`.
-    pub fn volume(&mut self, id: u32, name: &str, size: u64) {
+    pub fn volume(&mut self, id: u32, name: &str, size: u64, compression: u8) {
         self.w.u32(id);
         self.w.u16(name.len() as u16);
-        self.w.u16(0);
+        self.w.u16(compression as u16);
         self.w.u64(size);
         self.w.bytes(name.as_bytes());
         self.w.pad_to(8);
@@ -102,7 +104,7 @@ impl CheckpointImage {
         for _ in 0..nvol {
             let id = r.u32()?;
             let n = r.u16()? as usize;
-            r.u16()?;
+            let compression = r.u16()? as u8;
             let size = r.u64()?;
             let name = std::str::from_utf8(r.take(n)?)
                 .map_err(|_| Error::corrupt("volume name is not UTF-8"))?
@@ -125,6 +127,7 @@ impl CheckpointImage {
                 id,
                 name,
                 size,
+                compression,
                 runs,
             });
         }
@@ -146,11 +149,11 @@ mod tests {
     #[test]
     fn round_trip_and_truncation() {
         let mut w = CheckpointWriter::new(5, &[0, 1, 2], 2);
-        w.volume(1, "a", 1 << 20);
+        w.volume(1, "a", 1 << 20, 1);
         w.run(0, &[1, 2, 3]);
         w.run(100, &[9]);
         w.end_volume();
-        w.volume(3, "volume-b", 4096);
+        w.volume(3, "volume-b", 4096, 0);
         w.end_volume();
         let buf = w.finish();
         let img = CheckpointImage::decode(&buf).unwrap();

@@ -69,8 +69,15 @@ pub enum Record {
     },
     /// Blocks `[lba, lba + count)` of a volume now read as zeros.
     Trim { vol: u32, lba: u64, count: u64 },
-    /// A volume was created.
-    VolumeCreate { vol: u32, size: u64, name: String },
+    /// A volume was created (`compression`: 0 off, 1 lz4, 2 zstd).
+    VolumeCreate {
+        vol: u32,
+        size: u64,
+        name: String,
+        compression: u8,
+    },
+    /// A volume's compression setting changed.
+    VolumeCompression { vol: u32, compression: u8 },
     /// A volume was deleted.
     VolumeDelete { vol: u32 },
     /// A volume was resized.
@@ -83,7 +90,7 @@ impl Record {
         match self {
             Record::Write { .. } | Record::Trim { .. } => 24,
             Record::VolumeCreate { name, .. } => 16 + name.len().div_ceil(8) * 8,
-            Record::VolumeDelete { .. } => 8,
+            Record::VolumeDelete { .. } | Record::VolumeCompression { .. } => 8,
             Record::VolumeResize { .. } => 16,
         }
     }
@@ -116,10 +123,16 @@ impl Record {
                 w.u64(*lba);
                 w.u64(*count);
             }
-            Record::VolumeCreate { vol, size, name } => {
+            Record::VolumeCreate {
+                vol,
+                size,
+                name,
+                compression,
+            } => {
                 w.u8(3);
                 w.u8(name.len() as u8);
-                w.u16(0);
+                w.u8(*compression);
+                w.u8(0);
                 w.u32(*vol);
                 w.u64(*size);
                 w.bytes(name.as_bytes());
@@ -133,6 +146,10 @@ impl Record {
                 w.bytes(&[5, 0, 0, 0]);
                 w.u32(*vol);
                 w.u64(*size);
+            }
+            Record::VolumeCompression { vol, compression } => {
+                w.bytes(&[6, *compression, 0, 0]);
+                w.u32(*vol);
             }
         }
     }
@@ -172,14 +189,20 @@ impl Record {
             }
             3 => {
                 let n = r.u8()? as usize;
-                r.u16()?;
+                let compression = r.u8()?;
+                r.u8()?;
                 let vol = r.u32()?;
                 let size = r.u64()?;
                 let name = std::str::from_utf8(r.take(n)?)
                     .map_err(|_| Error::corrupt("volume name is not UTF-8"))?
                     .to_owned();
                 r.align(8)?;
-                Record::VolumeCreate { vol, size, name }
+                Record::VolumeCreate {
+                    vol,
+                    size,
+                    name,
+                    compression,
+                }
             }
             4 => {
                 r.take(3)?;
@@ -190,6 +213,14 @@ impl Record {
                 Record::VolumeResize {
                     vol: r.u32()?,
                     size: r.u64()?,
+                }
+            }
+            6 => {
+                let compression = r.u8()?;
+                r.take(2)?;
+                Record::VolumeCompression {
+                    vol: r.u32()?,
+                    compression,
                 }
             }
             k => return Err(Error::corrupt(format!("unknown record kind {k}"))),
@@ -407,6 +438,11 @@ mod tests {
                         vol: 2,
                         size: 1 << 30,
                         name: "db-volume".into(),
+                        compression: 2,
+                    },
+                    Record::VolumeCompression {
+                        vol: 2,
+                        compression: 1,
                     },
                     Record::VolumeResize {
                         vol: 2,
