@@ -44,12 +44,19 @@ pub struct BenchArgs {
 fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     use flashpool_engine::drive::FileDrive;
     let (k, m) = (4usize, 1usize);
-    let cfg = PoolConfig { k, m, ..PoolConfig::default() };
+    let cfg = PoolConfig {
+        k,
+        m,
+        ..PoolConfig::default()
+    };
     // No cleaner yet: the drives hold the fill and the post-checkpoint overwrites.
     let drive_size = (capacity + cfg.checkpoint_interval) / k as u64 * 13 / 10 + (256 << 20);
     let make = |i: usize| -> Result<DriveRef> {
         Ok(match dir {
-            Some(d) => Arc::new(FileDrive::create(&d.join(format!("recovery-{i}.img")), drive_size)?) as DriveRef,
+            Some(d) => Arc::new(FileDrive::create(
+                &d.join(format!("recovery-{i}.img")),
+                drive_size,
+            )?) as DriveRef,
             None => Arc::new(MemDrive::new(drive_size, format!("mem:{i}"))) as DriveRef,
         })
     };
@@ -60,7 +67,10 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     let chunk = vec![0x5Au8; 1 << 20];
     let t = Instant::now();
     for off in (0..capacity).step_by(chunk.len()) {
-        vol.write(off, &chunk[..(capacity - off).min(chunk.len() as u64) as usize])?;
+        vol.write(
+            off,
+            &chunk[..(capacity - off).min(chunk.len() as u64) as usize],
+        )?;
     }
     pool.checkpoint()?;
     let blocks = capacity / 4096;
@@ -81,7 +91,7 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     println!(
         "recovery of a {} GiB pool ({k}+{m}, {} MiB of log past the checkpoint): open took {:.2} s (fill took {:.1} s); read {} MiB while opening",
         capacity >> 30,
-        tail * 4096 >> 20,
+        (tail * 4096) >> 20,
         open.as_secs_f64(),
         filled.as_secs_f64(),
         s.media_read_bytes >> 20

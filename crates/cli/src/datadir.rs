@@ -103,7 +103,12 @@ pub fn pool_config(k: usize, m: usize, drive_size: u64) -> PoolConfig {
 pub fn open_or_create(dir: &Path, shape: &PoolShape, default_volume: u64) -> Result<DataDir> {
     if shape.memory {
         let drives: Vec<DriveRef> = (0..shape.drives)
-            .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))) as DriveRef)
+            .map(|i| {
+                // Touch every page now: page faults would otherwise land on the write path.
+                let d = MemDrive::new(shape.drive_size, format!("mem:{i}"));
+                d.prefault();
+                Arc::new(d) as DriveRef
+            })
             .collect();
         let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
         pool.create_volume("default", default_volume)?;
@@ -156,16 +161,30 @@ pub fn open_or_create(dir: &Path, shape: &PoolShape, default_volume: u64) -> Res
             );
         }
     }
-    let drives = (0..shape.drives)
-        .map(|i| {
-            let p = drive_path(dir, i);
-            FileDrive::create(&p, shape.drive_size)
-                .map(|d| Arc::new(d) as DriveRef)
-                .with_context(|| format!("creating {}", p.display()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
-    pool.create_volume("default", default_volume)?;
+    // Any failure from here on removes the drive files again, so a refused creation leaves
+    // the data dir as it found it.
+    let created = || -> Result<Pool> {
+        let drives = (0..shape.drives)
+            .map(|i| {
+                let p = drive_path(dir, i);
+                FileDrive::create(&p, shape.drive_size)
+                    .map(|d| Arc::new(d) as DriveRef)
+                    .with_context(|| format!("creating {}", p.display()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
+        pool.create_volume("default", default_volume)?;
+        Ok(pool)
+    };
+    let pool = match created() {
+        Ok(p) => p,
+        Err(e) => {
+            for i in 0..shape.drives {
+                let _ = fs::remove_file(drive_path(dir, i));
+            }
+            return Err(e);
+        }
+    };
     Ok(DataDir {
         pool,
         dir: dir.to_owned(),

@@ -61,6 +61,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         "pool ready"
     );
     let pool = Arc::new(dd.pool);
+    let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cleaner = spawn_cleaner(pool.clone(), stop_cleaner.clone());
     let mut server = Server::new(Arc::new(PoolExports(pool.clone())), Config::default())?;
     let say = |line: String| {
         if a.stdio {
@@ -107,7 +109,36 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
         server.run().context("serving NBD")?;
     }
+    stop_cleaner.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = cleaner.join();
     pool.close().context("closing the pool")?;
     tracing::info!("pool closed cleanly");
     Ok(())
+}
+
+/// Background cleaning: while fewer segments are free than the high watermark, the cleaner
+/// runs here, so host writes rarely meet the foreground watermark (where they clean first).
+fn spawn_cleaner(
+    pool: Arc<flashpool_engine::Pool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("cleaner".into())
+        .spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let high = pool.gc_high_water();
+                if pool.info().free_segments < high {
+                    match pool.gc(high) {
+                        Ok(n) if n > 0 => tracing::debug!(cleaned = n, "background cleaning"),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "background cleaning failed; retrying in 10 s");
+                            std::thread::sleep(std::time::Duration::from_secs(10));
+                        }
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        })
+        .expect("spawning the cleaner thread")
 }

@@ -383,7 +383,6 @@ fn second_server_refused_by_the_lock() {
 /// metadata: no valid flashpool superblock on any drive" instead of creating the pool or
 /// saying it holds none.
 #[test]
-#[ignore = "bug: a refused pool creation leaves drive files that poison the data dir"]
 fn failed_create_leaves_drive_files() {
     let t = TempDir::new();
     let data = t.path().join("data");

@@ -41,19 +41,43 @@ pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
                     best = Some(sb);
                 }
             }
-            Err(e) => errs.push(format!("slot {slot}: {e}")),
+            Err(e) => errs.push(e),
         }
     }
-    best.ok_or_else(|| Error::corrupt(format!("{}: {}", d.info().identity, errs.join("; "))))
+    // With no valid slot, name the most telling reason: a version mismatch says more than a
+    // checksum failure, which says more than a missing magic.
+    best.ok_or_else(|| {
+        let rank = |e: &Error| {
+            let s = e.to_string();
+            if s.contains("version") {
+                0
+            } else if s.contains("checksum") {
+                1
+            } else {
+                2
+            }
+        };
+        let why = errs.iter().min_by_key(|e| rank(e)).map(|e| e.to_string()).unwrap_or_default();
+        Error::corrupt(format!("{}: {why}", d.info().identity))
+    })
 }
 
 pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner> {
     let mut found: Vec<(Superblock, DriveRef)> = Vec::new();
     let mut bad = Vec::new();
+    let mut reasons: Vec<String> = Vec::new();
     for d in drives {
         match read_superblock(&d) {
             Ok(sb) => found.push((sb, d)),
-            Err(e) => bad.push(e.to_string()),
+            Err(e) => {
+                // The same reason on every drive is said once.
+                let s = e.to_string();
+                let reason = s.rsplit(": ").next().unwrap_or(&s).to_string();
+                if !reasons.contains(&reason) {
+                    reasons.push(reason);
+                }
+                bad.push(s);
+            }
         }
     }
     let Some(newest) = found
@@ -63,8 +87,9 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         .cloned()
     else {
         return Err(Error::corrupt(format!(
-            "no valid flashpool superblock on any drive ({})",
-            bad.join("; ")
+            "no valid flashpool superblock on any of {} drives: {}",
+            bad.len(),
+            reasons.join("; ")
         )));
     };
     let geo = newest.geometry.clone();
