@@ -82,6 +82,9 @@ pub struct SegmentTable {
     gc_reserve: usize,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
+    /// Bit d set when segment s may hold a chunk on drive d (all bits for segments whose
+    /// history is unknown, after a restart).
+    pub drives_used: Vec<u64>,
     next_seq_hint: u64,
 }
 
@@ -100,6 +103,7 @@ impl SegmentTable {
             reserve: 0,
             gc_reserve: 0,
             closed_seq: vec![0; n],
+            drives_used: vec![u64::MAX; n],
             next_seq_hint: 0,
         }
     }
@@ -165,6 +169,7 @@ impl SegmentTable {
             .ok_or(Error::NoSpace)? as u32;
         self.close(stream);
         self.states[s as usize] = SegState::Open;
+        self.drives_used[s as usize] = 0;
         let c = &mut self.cursors[stream as usize];
         c.segment = Some(s);
         c.fill.iter_mut().for_each(|f| *f = 0);
@@ -236,6 +241,7 @@ impl SegmentTable {
             .segment
             .expect("advance without an open segment");
         let fill = end - Self::segment_base(&self.geo, seg);
+        self.drives_used[seg as usize] |= 1 << drive;
         let f = &mut self.cursors[stream as usize].fill[drive as usize];
         debug_assert!(
             fill >= *f && fill <= self.geo.segment_size,

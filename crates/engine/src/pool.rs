@@ -66,7 +66,33 @@ impl Default for OpenOptions {
 /// One member drive slot.
 pub(crate) struct DriveSlot {
     pub drive: Option<DriveRef>,
+    /// Out of service: never read or written again (until re-admitted).
     pub failed: AtomicBool,
+    /// Out of service and rebuilt: nothing depends on this member any more.
+    pub retired: AtomicBool,
+}
+
+impl DriveSlot {
+    pub fn new(drive: Option<DriveRef>, state: u8) -> Self {
+        use crate::format::superblock::{MEMBER_ACTIVE, MEMBER_RETIRED};
+        DriveSlot {
+            drive,
+            failed: AtomicBool::new(state != MEMBER_ACTIVE),
+            retired: AtomicBool::new(state == MEMBER_RETIRED),
+        }
+    }
+
+    /// The state to persist in superblocks.
+    pub fn state(&self) -> u8 {
+        use crate::format::superblock::{MEMBER_ACTIVE, MEMBER_FAILED, MEMBER_RETIRED};
+        if self.retired.load(Ordering::Relaxed) {
+            MEMBER_RETIRED
+        } else if self.failed.load(Ordering::Relaxed) {
+            MEMBER_FAILED
+        } else {
+            MEMBER_ACTIVE
+        }
+    }
 }
 
 impl DriveSlot {
@@ -157,6 +183,8 @@ pub(crate) struct Inner {
     pub checkpoint_interval: u64,
     pub closed: AtomicBool,
     pub gc_lock: Mutex<()>,
+    pub rebuild_lock: Mutex<()>,
+    pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
@@ -238,6 +266,8 @@ impl Inner {
             checkpoint_interval,
             closed: AtomicBool::new(false),
             gc_lock: Mutex::new(()),
+            rebuild_lock: Mutex::new(()),
+            rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             geo,
@@ -278,6 +308,14 @@ impl Inner {
             Some(e) => Err(Error::Failed(e.clone())),
             None => Ok(()),
         }
+    }
+
+    /// Drives out of service that the pool still depends on (retired ones do not count).
+    pub(crate) fn drives_down(&self) -> usize {
+        self.drives
+            .iter()
+            .filter(|d| d.usable().is_none() && !d.retired.load(Ordering::Relaxed))
+            .count()
     }
 
     /// Marks a drive failed after an I/O error.
@@ -356,10 +394,7 @@ impl Pool {
         };
         let slots = drives
             .into_iter()
-            .map(|d| DriveSlot {
-                drive: Some(d),
-                failed: AtomicBool::new(false),
-            })
+            .map(|d| DriveSlot::new(Some(d), crate::format::superblock::MEMBER_ACTIVE))
             .collect();
         let inner = Inner::new(uuid, geo, slots, sb, cfg.checkpoint_interval)?;
         // Both slots: generation 0 and 1, so no stale superblock of an older pool survives.
@@ -570,6 +605,7 @@ impl Inner {
                 pool_uuid: self.uuid,
                 drive_index: i as u16,
                 members: sbs.members.clone(),
+                member_state: self.drives.iter().map(DriveSlot::state).collect(),
                 geometry: self.geo.clone(),
                 generation,
                 checkpoint: sbs.checkpoint.clone(),
@@ -587,7 +623,7 @@ impl Inner {
                 Err(e) => self.fail_drive(i, &e),
             }
         }
-        if ok == 0 || self.drives.len() - ok > self.geo.m as usize {
+        if ok == 0 || self.drives_down() > self.geo.m as usize {
             return Err(Error::Unavailable(format!(
                 "superblock written to only {ok} drives"
             )));

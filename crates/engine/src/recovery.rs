@@ -12,14 +12,14 @@ use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CheckpointImage;
 use crate::format::header::{Record, StripeKind};
-use crate::format::superblock::Superblock;
+use crate::format::superblock::{Superblock, MEMBER_ACTIVE, MEMBER_FAILED, MEMBER_RETIRED};
 use crate::format::BLOCK;
 use crate::layout::{SegState, SegmentTable};
 use crate::map::Entry;
 use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState};
 use crate::scan::StripeDesc;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Sequence numbers skipped after every recovery (see `roll_forward`).
@@ -57,7 +57,11 @@ pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
                 2
             }
         };
-        let why = errs.iter().min_by_key(|e| rank(e)).map(|e| e.to_string()).unwrap_or_default();
+        let why = errs
+            .iter()
+            .min_by_key(|e| rank(e))
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         Error::corrupt(format!("{}: {why}", d.info().identity))
     })
 }
@@ -115,10 +119,16 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         }
         slots[i] = Some(d);
     }
-    let missing = slots.iter().filter(|s| s.is_none()).count();
+    // Members out of service count as missing until they are rebuilt (retired).
+    let state = |i: usize| newest.member_state.get(i).copied().unwrap_or(MEMBER_ACTIVE);
+    let missing = (0..slots.len())
+        .filter(|&i| {
+            state(i) != MEMBER_RETIRED && (slots[i].is_none() || state(i) == MEMBER_FAILED)
+        })
+        .count();
     if missing > geo.m as usize {
         return Err(Error::Unavailable(format!(
-            "{missing} of {} drives missing or unreadable, parity covers {}{}",
+            "{missing} of {} drives missing, unreadable or failed, parity covers {}{}",
             geo.drive_count,
             geo.m,
             if bad.is_empty() {
@@ -129,16 +139,14 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         )));
     }
     for (i, s) in slots.iter().enumerate() {
-        if s.is_none() {
+        if s.is_none() && state(i) == MEMBER_ACTIVE {
             tracing::warn!(drive = i, "drive missing; opening degraded");
         }
     }
     let drive_slots = slots
         .into_iter()
-        .map(|d| DriveSlot {
-            drive: d,
-            failed: AtomicBool::new(false),
-        })
+        .enumerate()
+        .map(|(i, d)| DriveSlot::new(d, state(i)))
         .collect();
     let sb = SbState {
         generation: newest.generation,

@@ -458,7 +458,7 @@ impl Inner {
                 }
             }
         }
-        let down = self.drives.iter().filter(|d| d.usable().is_none()).count();
+        let down = self.drives_down();
         if down > self.geo.m as usize {
             return Err(Error::Unavailable(format!(
                 "{down} drives down, parity covers {}",

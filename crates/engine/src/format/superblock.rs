@@ -14,6 +14,12 @@ const CRC_AT: usize = 12;
 pub const MAX_DRIVES: usize = 64;
 /// Most segments one checkpoint may span (what fits in the superblock).
 pub const MAX_CHECKPOINT_SEGMENTS: usize = 480;
+/// A member in service.
+pub const MEMBER_ACTIVE: u8 = 0;
+/// A member out of service whose data is not yet rebuilt elsewhere.
+pub const MEMBER_FAILED: u8 = 1;
+/// A member out of service that nothing depends on any more (rebuilt or removed).
+pub const MEMBER_RETIRED: u8 = 2;
 /// Byte offset of the first data segment on every drive.
 pub const DATA_START: u64 = 1 << 20;
 
@@ -58,6 +64,9 @@ pub struct Superblock {
     pub drive_index: u16,
     /// UUID of every member drive, by index.
     pub members: Vec<[u8; 16]>,
+    /// State of every member: `MEMBER_ACTIVE`, `MEMBER_FAILED` (out of service, data on it
+    /// not yet rebuilt elsewhere) or `MEMBER_RETIRED` (out of service, nothing depends on it).
+    pub member_state: Vec<u8>,
     pub geometry: Geometry,
     /// Bumped on every superblock write; the highest valid one wins.
     pub generation: u64,
@@ -94,6 +103,9 @@ impl Superblock {
         }
         for m in &self.members {
             w.bytes(m);
+        }
+        for st in &self.member_state {
+            w.u8(*st);
         }
         assert!(w.buf.len() <= BLOCK, "superblock overflows its block");
         w.buf.resize(BLOCK, 0);
@@ -163,6 +175,12 @@ impl Superblock {
         let members = (0..drive_count)
             .map(|_| r.array::<16>())
             .collect::<Result<Vec<_>>>()?;
+        let member_state = (0..drive_count)
+            .map(|_| r.u8())
+            .collect::<Result<Vec<_>>>()?;
+        if member_state.iter().any(|s| *s > MEMBER_RETIRED) {
+            return Err(Error::corrupt("unknown member state"));
+        }
         if segments.iter().any(|&s| s >= segment_count) {
             return Err(Error::corrupt("checkpoint segment out of range"));
         }
@@ -170,6 +188,7 @@ impl Superblock {
             pool_uuid,
             drive_index,
             members,
+            member_state,
             geometry,
             generation,
             checkpoint: CheckpointRef {
@@ -233,6 +252,7 @@ mod tests {
             pool_uuid: [7; 16],
             drive_index: 2,
             members: vec![[1; 16], [2; 16], [3; 16]],
+            member_state: vec![MEMBER_ACTIVE, MEMBER_FAILED, MEMBER_RETIRED],
             geometry: Geometry {
                 k: 2,
                 m: 1,

@@ -1,0 +1,154 @@
+//! Rebuild after a drive loss: relocate the live data of every segment that may hold a chunk
+//! on a lost drive, through the cleaner (only live data moves), into new stripes that avoid the
+//! lost drives. When it completes, the lost drives are retired: nothing depends on them, and the
+//! pool tolerates m new failures again.
+
+use crate::error::Result;
+use crate::layout::{SegState, Stream};
+use crate::pool::{Inner, Pool};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Where a rebuild stands.
+#[derive(Clone, Debug, Default)]
+pub struct RebuildStatus {
+    /// Segments to relocate in this rebuild.
+    pub total_segments: u64,
+    /// Segments relocated so far.
+    pub done_segments: u64,
+    /// Live bytes moved so far.
+    pub moved_bytes: u64,
+    /// Seconds since the rebuild started.
+    pub elapsed_secs: f64,
+    /// True while a rebuild runs.
+    pub running: bool,
+}
+
+impl RebuildStatus {
+    /// Percent done.
+    pub fn percent(&self) -> f64 {
+        if self.total_segments == 0 {
+            100.0
+        } else {
+            self.done_segments as f64 * 100.0 / self.total_segments as f64
+        }
+    }
+    /// Bytes moved per second.
+    pub fn rate(&self) -> f64 {
+        if self.elapsed_secs > 0.0 {
+            self.moved_bytes as f64 / self.elapsed_secs
+        } else {
+            0.0
+        }
+    }
+    /// Estimated seconds left.
+    pub fn eta_secs(&self) -> f64 {
+        if self.done_segments == 0 {
+            return f64::INFINITY;
+        }
+        self.elapsed_secs * (self.total_segments - self.done_segments) as f64
+            / self.done_segments as f64
+    }
+}
+
+impl Inner {
+    /// Drives out of service whose data is not rebuilt yet.
+    fn lost_mask(&self) -> u64 {
+        self.drives
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.usable().is_none() && !s.retired.load(Ordering::Relaxed))
+            .fold(0, |m, (i, _)| m | (1 << i))
+    }
+
+    /// Relocates everything that may depend on a lost drive; then retires the lost drives.
+    pub(crate) fn rebuild(&self) -> Result<RebuildStatus> {
+        let lost = self.lost_mask();
+        if lost == 0 {
+            return Ok(self.rebuild_status.lock().clone());
+        }
+        let _one_rebuild = self.rebuild_lock.lock();
+        // Close the open segments so their data can be relocated too.
+        let (_, sealed) = self.seal_open_stripes();
+        for s in sealed {
+            self.write_stripe(s)?;
+        }
+        {
+            let mut w = self.writer.lock();
+            w.segs.close(Stream::Data);
+            w.segs.close(Stream::Gc);
+        }
+        let victims: Vec<u32> = {
+            let w = self.writer.lock();
+            (0..w.segs.states.len())
+                .filter(|&s| {
+                    w.segs.states[s] == SegState::Used && w.segs.drives_used[s] & lost != 0
+                })
+                .map(|s| s as u32)
+                .collect()
+        };
+        let started = Instant::now();
+        let moved_before = self.stats.gc_relocated_bytes.load();
+        *self.rebuild_status.lock() = RebuildStatus {
+            total_segments: victims.len() as u64,
+            running: true,
+            ..Default::default()
+        };
+        tracing::info!(segments = victims.len(), "rebuild started");
+        for (n, seg) in victims.iter().enumerate() {
+            {
+                let _cleaner = self.gc_lock.lock();
+                self.clean_segment(*seg)?;
+            }
+            let low = {
+                let w = self.writer.lock();
+                w.segs.free_count() <= w.segs.low_water() + 1
+            };
+            if low || (n + 1) % 8 == 0 {
+                self.checkpoint()?; // frees what was cleaned
+            }
+            let mut st = self.rebuild_status.lock();
+            st.done_segments = n as u64 + 1;
+            st.moved_bytes = self.stats.gc_relocated_bytes.load() - moved_before;
+            st.elapsed_secs = started.elapsed().as_secs_f64();
+        }
+        for (i, slot) in self.drives.iter().enumerate() {
+            if lost & (1 << i) != 0 {
+                slot.retired.store(true, Ordering::SeqCst);
+            }
+        }
+        self.checkpoint()?; // persists the retired drives in the superblocks
+        let mut st = self.rebuild_status.lock();
+        st.running = false;
+        st.elapsed_secs = started.elapsed().as_secs_f64();
+        tracing::info!(
+            segments = st.total_segments,
+            bytes = st.moved_bytes,
+            secs = st.elapsed_secs,
+            "rebuild done"
+        );
+        Ok(st.clone())
+    }
+}
+
+impl Pool {
+    /// Relocates the live data that depended on failed or missing drives, then retires them.
+    /// The pool stays online (reads reconstruct, writes avoid the lost drives) throughout.
+    pub fn rebuild(&self) -> Result<RebuildStatus> {
+        self.inner.rebuild()
+    }
+
+    /// Progress of the current or last rebuild.
+    pub fn rebuild_status(&self) -> RebuildStatus {
+        let mut st = self.inner.rebuild_status.lock().clone();
+        if st.running {
+            st.elapsed_secs = st.elapsed_secs.max(0.0);
+        }
+        st
+    }
+
+    /// True when a failed or missing drive still holds data the pool depends on.
+    pub fn needs_rebuild(&self) -> bool {
+        self.inner.lost_mask() != 0
+    }
+}

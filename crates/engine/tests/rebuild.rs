@@ -1,0 +1,108 @@
+//! Drive loss and rebuild: the pool stays online and writable after a drive dies, the rebuild
+//! relocates only live data away from it and retires it, after which the pool survives m more
+//! failures; with m = 2 a second failure during the rebuild still serves every block.
+
+mod common;
+
+use common::*;
+use flashpool_engine::drive::{DriveRef, FaultDrive, FaultSwitch, MemDrive};
+use flashpool_engine::Pool;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn faulty(n: usize) -> (Vec<Arc<MemDrive>>, Vec<DriveRef>, Vec<Arc<FaultSwitch>>) {
+    let mems = mem_drives(n, false);
+    let mut sw = vec![];
+    let drives = mems
+        .iter()
+        .map(|m| {
+            let (f, s) = FaultDrive::new(m.clone() as DriveRef);
+            sw.push(s);
+            f as DriveRef
+        })
+        .collect();
+    (mems, drives, sw)
+}
+
+fn verify(pool: &Pool, expect: &HashMap<u64, u64>, what: &str) {
+    let vol = pool.volume("v").unwrap();
+    let mut b = vec![0u8; 4096];
+    for lba in 0..1024u64 {
+        vol.read(lba * 4096, &mut b)
+            .unwrap_or_else(|e| panic!("{what}: block {lba}: {e}"));
+        match expect.get(&lba) {
+            Some(s) => assert!(b == block_for(*s), "{what}: block {lba} wrong"),
+            None => assert!(b.iter().all(|&x| x == 0), "{what}: block {lba} not zero"),
+        }
+    }
+}
+
+fn write(pool: &Pool, expect: &mut HashMap<u64, u64>, from: u64, n: u64) {
+    let vol = pool.volume("v").unwrap();
+    for i in from..from + n {
+        let lba = (i * 7919) % 1024;
+        vol.write(lba * 4096, &block_for(i)).unwrap();
+        expect.insert(lba, i);
+    }
+    pool.flush().unwrap();
+}
+
+#[test]
+fn rebuild_retires_a_dead_drive_then_survives_another_loss() {
+    let (mems, drives, sw) = faulty(5);
+    let pool = Pool::create(drives.clone(), &small_config(4, 1)).unwrap();
+    pool.create_volume("v", 4 << 20).unwrap();
+    let mut expect = HashMap::new();
+    write(&pool, &mut expect, 1, 1500);
+    sw[1].set_dead(true);
+    pool.fail_drive(1).unwrap();
+    assert!(pool.needs_rebuild());
+    // Online and writable while degraded.
+    write(&pool, &mut expect, 5000, 300);
+    verify(&pool, &expect, "degraded");
+    let st = pool.rebuild().unwrap();
+    assert!(
+        st.total_segments > 0 && st.done_segments == st.total_segments,
+        "{st:?}"
+    );
+    assert!((st.percent() - 100.0).abs() < 1e-9);
+    assert!(!pool.needs_rebuild());
+    verify(&pool, &expect, "after rebuild");
+    // A second failure after the rebuild is within m = 1 again.
+    sw[3].set_dead(true);
+    pool.fail_drive(3).unwrap();
+    verify(&pool, &expect, "rebuilt drive 1 and dead drive 3");
+    pool.close().unwrap();
+    drop(pool);
+    // Reopen without both: drive 1 is retired, drive 3 counts as the one missing drive.
+    let present: Vec<DriveRef> = [0, 2, 4]
+        .iter()
+        .map(|&i| mems[i].clone() as DriveRef)
+        .collect();
+    let pool = Pool::open(present).unwrap();
+    verify(&pool, &expect, "reopened without drives 1 and 3");
+}
+
+#[test]
+fn second_failure_during_rebuild_with_two_parity() {
+    let (_mems, drives, sw) = faulty(5);
+    let pool = Arc::new(Pool::create(drives, &small_config(3, 2)).unwrap());
+    pool.create_volume("v", 4 << 20).unwrap();
+    let mut expect = HashMap::new();
+    write(&pool, &mut expect, 1, 1500);
+    sw[0].set_dead(true);
+    pool.fail_drive(0).unwrap();
+    let p = pool.clone();
+    let rebuild = std::thread::spawn(move || p.rebuild());
+    // A second drive dies while the rebuild runs: every block is still served.
+    sw[4].set_dead(true);
+    pool.fail_drive(4).unwrap();
+    verify(&pool, &expect, "two drives down during rebuild");
+    rebuild.join().unwrap().unwrap();
+    // Drive 4 went down after the rebuild chose its victims; a second rebuild handles it.
+    pool.rebuild().unwrap();
+    assert!(!pool.needs_rebuild());
+    verify(&pool, &expect, "after both rebuilds");
+    write(&pool, &mut expect, 9000, 200);
+    verify(&pool, &expect, "written after the rebuilds");
+}
