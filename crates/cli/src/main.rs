@@ -7,6 +7,7 @@
 
 mod bench;
 mod datadir;
+mod drive;
 mod export;
 mod serve;
 mod sim;
@@ -32,6 +33,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Manage the volumes of a data dir.
     Volume(volume::VolumeArgs),
+    /// List drives, fail one, rebuild.
+    Drive(drive::DriveArgs),
     /// In-process engine benchmarks (4 KiB random reads and writes on memory drives).
     Bench(bench::BenchArgs),
     /// Run the NAND SSD simulator.
@@ -50,6 +53,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Volume(args) => volume::run(args),
+        Command::Drive(args) => drive::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
     };

@@ -126,6 +126,16 @@ fn spawn_cleaner(
         .name("cleaner".into())
         .spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if pool.needs_rebuild() {
+                    tracing::warn!("a drive is out of service: rebuilding its data onto the others");
+                    match pool.rebuild() {
+                        Ok(st) => tracing::info!(segments = st.total_segments, mib = st.moved_bytes >> 20, "rebuild done"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "rebuild failed; retrying in 10 s");
+                            std::thread::sleep(std::time::Duration::from_secs(10));
+                        }
+                    }
+                }
                 let high = pool.gc_high_water();
                 if pool.info().free_segments < high {
                     match pool.gc(high) {

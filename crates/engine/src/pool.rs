@@ -198,6 +198,15 @@ pub struct Pool {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// One member drive as `flashpool drive list` shows it.
+#[derive(Clone, Debug)]
+pub struct DriveStatus {
+    pub index: usize,
+    /// "active", "failed", "retired" or "missing".
+    pub state: &'static str,
+    pub identity: String,
+}
+
 /// Pool-wide facts for `flashpool status` and metrics.
 #[derive(Clone, Debug)]
 pub struct PoolInfo {
@@ -526,6 +535,29 @@ impl Pool {
             capacity_bytes: g.segment_count as u64 * g.segment_size * g.k as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
         }
+    }
+
+    /// Every member drive and its state.
+    pub fn drives(&self) -> Vec<DriveStatus> {
+        use crate::format::superblock::{MEMBER_FAILED, MEMBER_RETIRED};
+        self.inner
+            .drives
+            .iter()
+            .enumerate()
+            .map(|(index, s)| DriveStatus {
+                index,
+                state: match (s.drive.is_some(), s.state()) {
+                    (_, MEMBER_RETIRED) => "retired",
+                    (_, MEMBER_FAILED) => "failed",
+                    (false, _) => "missing",
+                    _ => "active",
+                },
+                identity: s
+                    .drive
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |d| d.info().identity),
+            })
+            .collect()
     }
 
     /// Chooses how the cleaner picks victims.

@@ -1,0 +1,79 @@
+//! `flashpool drive list|fail|rebuild` against a data dir (not while a server holds it; a
+//! running server rebuilds by itself when a drive fails).
+
+use crate::datadir;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+/// Arguments of `flashpool drive`.
+#[derive(Args, Debug)]
+pub struct DriveArgs {
+    /// Data dir holding the pool.
+    #[arg(long, default_value = "flashpool-data", global = true)]
+    pub data: PathBuf,
+    #[command(subcommand)]
+    pub cmd: DriveCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DriveCmd {
+    /// List the pool's drives and their state.
+    List,
+    /// Take a drive out of service (for tests and planned removal) and rebuild its data.
+    Fail { index: usize },
+    /// Rebuild the data of failed or missing drives onto the others.
+    Rebuild,
+}
+
+/// Runs `flashpool drive`.
+pub fn run(a: DriveArgs) -> Result<()> {
+    let dd = datadir::open_existing(&a.data)?;
+    let pool = &dd.pool;
+    match a.cmd {
+        DriveCmd::List => {
+            let info = pool.info();
+            println!(
+                "pool {}: {} drives, {} healthy, {}+{} protection, rebuild needed: {}",
+                info.uuid,
+                info.drive_count,
+                info.healthy_drives,
+                info.k,
+                info.m,
+                pool.needs_rebuild()
+            );
+            for d in pool.drives() {
+                println!("{:>3}  {:<8}  {}", d.index, d.state, d.identity);
+            }
+        }
+        DriveCmd::Fail { index } => {
+            if index >= pool.info().drive_count {
+                bail!(
+                    "no drive {index} (the pool has {} drives)",
+                    pool.info().drive_count
+                );
+            }
+            pool.fail_drive(index)?;
+            rebuild(pool)?;
+        }
+        DriveCmd::Rebuild => rebuild(pool)?,
+    }
+    pool.close()?;
+    Ok(())
+}
+
+fn rebuild(pool: &flashpool_engine::Pool) -> Result<()> {
+    if !pool.needs_rebuild() {
+        println!("nothing to rebuild");
+        return Ok(());
+    }
+    let st = pool.rebuild()?;
+    println!(
+        "rebuild done: {} segments, {} MiB moved in {:.1} s ({:.1} MiB/s)",
+        st.total_segments,
+        st.moved_bytes >> 20,
+        st.elapsed_secs,
+        st.rate() / (1 << 20) as f64
+    );
+    Ok(())
+}
