@@ -204,3 +204,38 @@ pub fn open_existing(dir: &Path) -> Result<DataDir> {
     }
     open_or_create(dir, &PoolShape::default(), 0)
 }
+
+/// Adds a file drive to the pool in `dir` (next `drive-N.img`, the size of the others) and
+/// returns the reopened pool.
+pub fn add_drive(dir: &Path) -> Result<DataDir> {
+    if !drive_path(dir, 0).exists() {
+        bail!("{} holds no pool", dir.display());
+    }
+    let lock = lock(dir)?;
+    let existing = (0..).take_while(|&i| drive_path(dir, i).exists()).count();
+    let drives = (0..existing)
+        .map(|i| {
+            let p = drive_path(dir, i);
+            FileDrive::open(&p)
+                .map(|d| Arc::new(d) as DriveRef)
+                .with_context(|| format!("opening {}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let size = fs::metadata(drive_path(dir, 0))?.len();
+    let path = drive_path(dir, existing);
+    let new = Arc::new(
+        FileDrive::create(&path, size).with_context(|| format!("creating {}", path.display()))?,
+    ) as DriveRef;
+    match Pool::add_drive(drives, new) {
+        Ok(pool) => Ok(DataDir {
+            pool,
+            dir: dir.to_owned(),
+            created: false,
+            _lock: Some(lock),
+        }),
+        Err(e) => {
+            let _ = fs::remove_file(&path);
+            Err(e.into())
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! `flashpool drive list|fail|rebuild` against a data dir (not while a server holds it; a
+//! `flashpool drive list|add|fail|rebuild` against a data dir (not while a server holds it; a
 //! running server rebuilds by itself when a drive fails).
 
 use crate::datadir;
@@ -24,10 +24,26 @@ pub enum DriveCmd {
     Fail { index: usize },
     /// Rebuild the data of failed or missing drives onto the others.
     Rebuild,
+    /// Add a drive (a new file in the data dir, the size of the others): capacity grows at
+    /// once, new stripes are wider.
+    Add,
 }
 
 /// Runs `flashpool drive`.
 pub fn run(a: DriveArgs) -> Result<()> {
+    if let DriveCmd::Add = a.cmd {
+        let dd = datadir::add_drive(&a.data)?;
+        let info = dd.pool.info();
+        println!(
+            "drive added: {} drives, stripes {}+{}, capacity {} MiB",
+            info.drive_count,
+            info.k,
+            info.m,
+            info.capacity_bytes >> 20
+        );
+        dd.pool.close()?;
+        return Ok(());
+    }
     let dd = datadir::open_existing(&a.data)?;
     let pool = &dd.pool;
     match a.cmd {
@@ -57,6 +73,7 @@ pub fn run(a: DriveArgs) -> Result<()> {
             rebuild(pool)?;
         }
         DriveCmd::Rebuild => rebuild(pool)?,
+        DriveCmd::Add => unreachable!("handled above"),
     }
     pool.close()?;
     Ok(())

@@ -258,6 +258,7 @@ mod tests {
     fn geo() -> Geometry {
         Geometry {
             k: 2,
+            k_max: 2,
             m: 1,
             drive_count: 4,
             chunk_size: 16384,

@@ -20,6 +20,7 @@ pub mod drive;
 pub mod error;
 pub mod format;
 mod gc;
+mod grow;
 pub mod layout;
 pub mod map;
 mod pool;

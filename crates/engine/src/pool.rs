@@ -190,6 +190,9 @@ pub(crate) struct Inner {
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
 }
 
+/// Widest data width stripes grow to when drives are added.
+pub const MAX_WIDTH: usize = 16;
+
 /// Most stripe buffers in memory at once: the bound on data accepted but not yet written.
 pub const MAX_STRIPE_BUFFERS: u64 = 8;
 
@@ -386,6 +389,8 @@ impl Pool {
         check_interval(cfg.checkpoint_interval)?;
         let geo = Geometry {
             k: cfg.k as u8,
+            // Adding drives widens stripes up to 16 data chunks (or k if that is wider).
+            k_max: cfg.k.max(MAX_WIDTH.min(MAX_DRIVES - cfg.m)) as u8,
             m: cfg.m as u8,
             drive_count: n as u16,
             chunk_size: cfg.chunk_size,

@@ -103,7 +103,12 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         if sb.pool_uuid != newest.pool_uuid {
             return Err(Error::corrupt(format!("{who} belongs to another pool")));
         }
-        if sb.geometry != geo || sb.members != newest.members {
+        // A superblock one generation behind that names a prefix of the members is stale from
+        // an interrupted drive add: accepted, and rewritten by the checkpoint at the end.
+        let stale_add = sb.generation < newest.generation
+            && newest.members.starts_with(&sb.members)
+            && sb.geometry.drive_count < geo.drive_count;
+        if !stale_add && (sb.geometry != geo || sb.members != newest.members) {
             return Err(Error::corrupt(format!(
                 "{who} disagrees with the other drives on the pool's geometry"
             )));

@@ -26,8 +26,10 @@ pub const DATA_START: u64 = 1 << 20;
 /// The pool's shape, identical on every drive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Geometry {
-    /// Data chunks of a full stripe.
+    /// Data chunks of a full stripe now.
     pub k: u8,
+    /// Widest data width stripes may grow to as drives are added.
+    pub k_max: u8,
     /// Parity chunks of every stripe.
     pub m: u8,
     /// Drives in the pool.
@@ -86,7 +88,8 @@ impl Superblock {
         w.u16(g.drive_count);
         w.u8(g.k);
         w.u8(g.m);
-        w.u16(0);
+        w.u8(g.k_max);
+        w.u8(0);
         w.u32(g.chunk_size);
         w.u32(g.segment_count);
         w.u64(g.segment_size);
@@ -139,7 +142,12 @@ impl Superblock {
         let drive_count = r.u16()?;
         let k = r.u8()?;
         let m = r.u8()?;
-        r.u16()?;
+        // 0: written before the field existed; the pool never widens.
+        let k_max = match r.u8()? {
+            0 => k,
+            w => w,
+        };
+        r.u8()?;
         let chunk_size = r.u32()?;
         let segment_count = r.u32()?;
         let segment_size = r.u64()?;
@@ -158,6 +166,7 @@ impl Superblock {
         let segments = (0..nseg).map(|_| r.u32()).collect::<Result<Vec<_>>>()?;
         let geometry = Geometry {
             k,
+            k_max,
             m,
             drive_count,
             chunk_size,
@@ -214,7 +223,13 @@ pub fn validate_geometry(g: &Geometry) -> std::result::Result<(), String> {
     if g.drive_count == 0 || g.drive_count as usize > MAX_DRIVES {
         return bad(format!("{} drives (1 to {MAX_DRIVES})", g.drive_count));
     }
-    if g.k == 0 || g.m > 4 || (g.k + g.m) as usize > g.drive_count as usize {
+    if g.k == 0 || g.k > g.k_max || g.m > 4 || (g.k_max + g.m) as usize > MAX_DRIVES {
+        return bad(format!(
+            "protection {}+{} (widest {}+{})",
+            g.k, g.m, g.k_max, g.m
+        ));
+    }
+    if (g.k + g.m) as usize > g.drive_count as usize {
         return bad(format!(
             "protection {}+{} on {} drives",
             g.k, g.m, g.drive_count
@@ -255,6 +270,7 @@ mod tests {
             member_state: vec![MEMBER_ACTIVE, MEMBER_FAILED, MEMBER_RETIRED],
             geometry: Geometry {
                 k: 2,
+                k_max: 8,
                 m: 1,
                 drive_count: 3,
                 chunk_size: 16384,
