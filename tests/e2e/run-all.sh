@@ -45,6 +45,7 @@ CHECKS=(
     "ext4-nbdfuse:check-fs.sh"
     "restart-persistence:check-restart.sh"
     "stdio-and-activation:check-spawn.sh"
+    "drive-loss-and-add:check-drives.sh"
     "kill9-crash:../crash/kill9.sh 4"
 )
 pass=0; fail=0; skipped=0

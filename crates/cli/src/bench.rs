@@ -9,6 +9,9 @@ use flashpool_engine::{Pool, PoolConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "bench_waf.rs"]
+mod bench_waf;
+
 /// Arguments of `flashpool bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -37,6 +40,9 @@ pub struct BenchArgs {
     /// With --recovery: file drives in this directory (default: memory drives).
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
+    /// Instead of IOPS: steady-state write amplification vs spare space (bench_waf.rs).
+    #[arg(long)]
+    pub waf: bool,
 }
 
 /// Times recovery of a full pool whose log holds a whole checkpoint interval past the last
@@ -137,6 +143,9 @@ fn memcpy_iops(threads: usize, ops: u64, blocks: u64) -> f64 {
 
 /// Runs `flashpool bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.waf {
+        return bench_waf::run(a.json);
+    }
     if let Some(cap) = a.recovery {
         return recovery(cap, a.dir.as_deref());
     }

@@ -31,6 +31,9 @@ pub enum DriveCmd {
 
 /// Runs `flashpool drive`.
 pub fn run(a: DriveArgs) -> Result<()> {
+    if crate::admin::server_running(&a.data) {
+        return online(&a);
+    }
     if let DriveCmd::Add = a.cmd {
         let dd = datadir::add_drive(&a.data)?;
         let info = dd.pool.info();
@@ -92,5 +95,34 @@ fn rebuild(pool: &flashpool_engine::Pool) -> Result<()> {
         st.elapsed_secs,
         st.rate() / (1 << 20) as f64
     );
+    Ok(())
+}
+
+/// The same commands against a running server, through its admin socket.
+fn online(a: &DriveArgs) -> Result<()> {
+    use crate::admin::request;
+    match &a.cmd {
+        DriveCmd::List => {
+            let v = request(&a.data, "status")?;
+            for d in v["drives"].as_array().into_iter().flatten() {
+                println!("{:>3}  {:<8}  {}", d["index"], d["state"].as_str().unwrap_or(""), d["identity"].as_str().unwrap_or(""));
+            }
+            let rb = &v["rebuild"];
+            if rb["running"].as_bool() == Some(true) {
+                println!(
+                    "rebuild: {:.1} % done, {:.1} MiB/s, ETA {} s",
+                    rb["percent"].as_f64().unwrap_or(0.0),
+                    rb["bytes_per_sec"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+                    rb["eta_secs"].as_f64().map_or("?".into(), |s| format!("{s:.0}"))
+                );
+            }
+        }
+        DriveCmd::Fail { index } => {
+            let v = request(&a.data, &format!("fail {index}"))?;
+            println!("{}", v["ok"].as_str().unwrap_or("done"));
+        }
+        DriveCmd::Rebuild => println!("the server rebuilds by itself (see --rebuild-delay); `flashpool drive list` shows progress"),
+        DriveCmd::Add => anyhow::bail!("adding a drive while serving is not supported yet: stop the server, run `flashpool drive add`, start it again"),
+    }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! - `sim`    (sim.rs): the NAND SSD simulator.
 //! - `bench`  (bench.rs): in-process engine benchmarks.
 
+mod admin;
 mod bench;
 mod datadir;
 mod drive;
@@ -12,6 +13,7 @@ mod export;
 mod serve;
 mod sim;
 mod size;
+mod status;
 mod volume;
 
 use clap::{Parser, Subcommand};
@@ -33,8 +35,10 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Manage the volumes of a data dir.
     Volume(volume::VolumeArgs),
-    /// List drives, fail one, rebuild.
+    /// List drives, add one, fail one, rebuild.
     Drive(drive::DriveArgs),
+    /// Show the pool: drives, volumes, write amplification, compression, rebuild, counters.
+    Status(status::StatusArgs),
     /// In-process engine benchmarks (4 KiB random reads and writes on memory drives).
     Bench(bench::BenchArgs),
     /// Run the NAND SSD simulator.
@@ -54,6 +58,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Volume(args) => volume::run(args),
         Command::Drive(args) => drive::run(args),
+        Command::Status(args) => status::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
     };

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Memory drives instead of files (benchmarks; nothing survives exit).
     #[arg(long)]
     pub memory: bool,
+    /// Seconds a failed drive gets to come back (a transient fault) before its data is
+    /// rebuilt onto the other drives.
+    #[arg(long, default_value_t = 30)]
+    pub rebuild_delay: u64,
 }
 
 /// Runs `flashpool serve`.
@@ -60,9 +64,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         protection = %format!("{}+{}", info.k, info.m),
         "pool ready"
     );
+    let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cleaner = spawn_cleaner(pool.clone(), stop_cleaner.clone());
+    let cleaner = spawn_cleaner(pool.clone(), stop_cleaner.clone(), a.rebuild_delay);
+    if !a.memory {
+        let path = crate::admin::spawn(&dd_dir, pool.clone())?;
+        tracing::info!(socket = %path.display(), "admin socket");
+    }
     let mut server = Server::new(Arc::new(PoolExports(pool.clone())), Config::default())?;
     let say = |line: String| {
         if a.stdio {
@@ -121,12 +130,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
 fn spawn_cleaner(
     pool: Arc<flashpool_engine::Pool>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    rebuild_delay: u64,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("cleaner".into())
         .spawn(move || {
+            let mut lost_since: Option<std::time::Instant> = None;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                if pool.needs_rebuild() {
+                for d in pool.readmit_healthy_drives() {
+                    tracing::info!(drive = d, "drive healthy again: back in service");
+                }
+                if !pool.needs_rebuild() {
+                    lost_since = None;
+                } else if lost_since.get_or_insert_with(std::time::Instant::now).elapsed().as_secs() >= rebuild_delay {
                     tracing::warn!("a drive is out of service: rebuilding its data onto the others");
                     match pool.rebuild() {
                         Ok(st) => tracing::info!(segments = st.total_segments, mib = st.moved_bytes >> 20, "rebuild done"),

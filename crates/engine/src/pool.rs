@@ -70,6 +70,8 @@ pub(crate) struct DriveSlot {
     pub failed: AtomicBool,
     /// Out of service and rebuilt: nothing depends on this member any more.
     pub retired: AtomicBool,
+    /// Taken out by an operator, not by an I/O error: never re-admitted by a probe.
+    pub by_request: AtomicBool,
 }
 
 impl DriveSlot {
@@ -79,6 +81,7 @@ impl DriveSlot {
             drive,
             failed: AtomicBool::new(state != MEMBER_ACTIVE),
             retired: AtomicBool::new(state == MEMBER_RETIRED),
+            by_request: AtomicBool::new(state != MEMBER_ACTIVE),
         }
     }
 
@@ -583,12 +586,57 @@ impl Pool {
         w.segs.low_water() + (self.inner.geo.segment_count as usize / 10).max(2)
     }
 
+    /// Drives failed by I/O errors (not by an operator, not rebuilt) that now pass a write,
+    /// flush and read-back in their reserved area are put back in service; returns them.
+    pub fn readmit_healthy_drives(&self) -> Vec<usize> {
+        let mut back = Vec::new();
+        for (i, slot) in self.inner.drives.iter().enumerate() {
+            if !slot.failed.load(Ordering::SeqCst)
+                || slot.retired.load(Ordering::SeqCst)
+                || slot.by_request.load(Ordering::SeqCst)
+            {
+                continue;
+            }
+            let Some(d) = &slot.drive else { continue };
+            // Offset 8 KiB: the reserved area after the superblocks, never used for data.
+            let mut probe = AlignedBuf::zeroed(4096);
+            probe[..16].copy_from_slice(&self.inner.uuid);
+            let mut back_buf = AlignedBuf::zeroed(4096);
+            let ok = d.write_at(8192, &probe).is_ok()
+                && d.flush().is_ok()
+                && d.read_at(8192, &mut back_buf).is_ok()
+                && back_buf[..] == probe[..];
+            if ok && self.readmit_drive(i).is_ok() {
+                back.push(i);
+            }
+        }
+        back
+    }
+
+    /// Puts a failed drive back in service (a transient fault is over). Safe at any time:
+    /// stripes written while it was out never used it, and its older chunks are as they were.
+    /// A drive already rebuilt (retired) stays out.
+    pub fn readmit_drive(&self, index: usize) -> Result<()> {
+        let slot = self.inner.drives.get(index).ok_or_else(|| Error::NotFound(format!("drive {index}")))?;
+        if slot.retired.load(Ordering::SeqCst) {
+            return Err(Error::invalid(format!("drive {index} was rebuilt and retired")));
+        }
+        if slot.drive.is_none() {
+            return Err(Error::NotFound(format!("drive {index} is not present")));
+        }
+        slot.failed.store(false, Ordering::SeqCst);
+        slot.by_request.store(false, Ordering::SeqCst);
+        tracing::info!(drive = index, "drive back in service");
+        Ok(())
+    }
+
     /// Marks drive `index` failed (for tests and `flashpool drive fail`): the pool continues
     /// degraded.
     pub fn fail_drive(&self, index: usize) -> Result<()> {
         if index >= self.inner.drives.len() {
             return Err(Error::NotFound(format!("drive {index}")));
         }
+        self.inner.drives[index].by_request.store(true, Ordering::SeqCst);
         self.inner
             .fail_drive(index, &std::io::Error::other("failed by request"));
         Ok(())

@@ -148,6 +148,7 @@ impl Pool {
     }
 
     /// True when a failed or missing drive still holds data the pool depends on.
+    /// (See also `Pool::readmit_healthy_drives` for drives whose fault was transient.)
     pub fn needs_rebuild(&self) -> bool {
         self.inner.lost_mask() != 0
     }

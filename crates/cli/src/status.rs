@@ -1,0 +1,82 @@
+//! `flashpool status`: the pool's geometry, drives, volumes, write amplification (split into
+//! GC, parity, metadata and padding), compression, rebuild progress and counters; from a running
+//! server through its admin socket, or from the data dir directly.
+
+use crate::{admin, datadir};
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `flashpool status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Data dir holding the pool.
+    #[arg(long, default_value = "flashpool-data")]
+    pub data: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `flashpool status`.
+pub fn run(a: StatusArgs) -> Result<()> {
+    let v = if admin::server_running(&a.data) {
+        admin::request(&a.data, "status")?
+    } else {
+        let dd = datadir::open_existing(&a.data)?;
+        let v = admin::status_json(&dd.pool);
+        dd.pool.close()?;
+        v
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let p = &v["pool"];
+    println!(
+        "pool {}: {} drives ({} healthy), {}+{}, {} of {} segments free, {} MiB live of {} MiB",
+        p["uuid"].as_str().unwrap_or(""),
+        p["drives"],
+        p["healthy_drives"],
+        p["k"],
+        p["m"],
+        p["free_segments"],
+        p["segments"],
+        p["live_bytes"].as_u64().unwrap_or(0) >> 20,
+        p["capacity_bytes"].as_u64().unwrap_or(0) >> 20
+    );
+    let w = &v["write_amplification"];
+    println!(
+        "write amplification {:.3} (GC {:.3}, parity {:.3}, metadata {:.3}, padding {:.3})",
+        w["total"].as_f64().unwrap_or(0.0),
+        w["gc"].as_f64().unwrap_or(0.0),
+        w["parity"].as_f64().unwrap_or(0.0),
+        w["metadata"].as_f64().unwrap_or(0.0),
+        w["padding"].as_f64().unwrap_or(0.0)
+    );
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        println!(
+            "volume {}: {} bytes, compression {} (ratio {:.2})",
+            vol["name"].as_str().unwrap_or(""),
+            vol["size"],
+            vol["compression"].as_str().unwrap_or(""),
+            vol["compression_ratio"].as_f64().unwrap_or(1.0)
+        );
+    }
+    for d in v["drives"].as_array().into_iter().flatten() {
+        println!(
+            "drive {:>2}: {:<8} {}",
+            d["index"],
+            d["state"].as_str().unwrap_or(""),
+            d["identity"].as_str().unwrap_or("")
+        );
+    }
+    let rb = &v["rebuild"];
+    if rb["needed"].as_bool() == Some(true) || rb["running"].as_bool() == Some(true) {
+        println!(
+            "rebuild: {:.1} % done",
+            rb["percent"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}

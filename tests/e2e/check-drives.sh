@@ -1,0 +1,48 @@
+#!/bin/bash
+# Drive loss and drive add under real client load (flashpool only).
+#  1. fio writes with verify while a drive is taken out of service through the admin socket
+#     (`flashpool drive fail`): the run completes with no verify error, the server rebuilds,
+#     and a second verify pass is clean.
+#  2. a drive is added between two fio phases (stop, `flashpool drive add`, start): the data
+#     verifies, and new writes verify too.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: drive checks need flashpool serve"; exit 0; fi
+new_workdir; trap cleanup EXIT
+FP="$TARGET/release/flashpool"
+SERVER_CMD="$FP serve --rebuild-delay 1 --drive-size 512M --volume-size 256M"
+export SERVER_CMD
+start_server
+JOB=(--name=loss --ioengine=nbd --uri="$URI_UNIX" --rw=randwrite --bsrange=4k-64k
+     --size=128M --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=777)
+fio "${JOB[@]}" --output="$WORK/w.out" &
+FIO=$!
+sleep 1
+"$FP" drive --data "$DATA" fail 2
+wait "$FIO" || die "fio failed while a drive was lost"
+grep -E 'err=' "$WORK/w.out"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/w.out"; then die "verify errors during the drive loss"; fi
+for i in $(seq 1 300); do
+    "$FP" status --data "$DATA" --json > "$WORK/status.json"
+    if $PY -c "import json,sys; r=json.load(open(sys.argv[1]))['rebuild']; sys.exit(0 if not r['needed'] and not r['running'] else 1)" "$WORK/status.json"; then
+        break
+    fi
+    sleep 0.2
+done
+$PY -c "import json,sys; d=json.load(open(sys.argv[1]))['drives']; assert d[2]['state']=='retired', d; print('drive 2 retired after rebuild')" "$WORK/status.json"
+fio "${JOB[@]}" --verify_only --output="$WORK/v.out"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/v.out"; then die "verify errors after the rebuild"; fi
+echo "drive loss: no verify error during the run, rebuild done, second verify pass clean"
+
+stop_server
+"$FP" drive --data "$DATA" add
+start_server
+fio "${JOB[@]}" --verify_only --output="$WORK/v2.out"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/v2.out"; then die "verify errors after the drive add"; fi
+JOB2=(--name=add --ioengine=nbd --uri="$URI_UNIX" --rw=randwrite --bs=4k --size=64M
+      --offset=128M --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=778)
+fio "${JOB2[@]}" --output="$WORK/w2.out"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/w2.out"; then die "verify errors writing to the grown pool"; fi
+"$FP" status --data "$DATA"
+stop_server
+echo "drive add: data verified, new writes verified"
