@@ -24,6 +24,14 @@ pub enum VolumeCmd {
         name: String,
         #[arg(value_parser = parse_size)]
         size: u64,
+        /// Inline compression: off, lz4 or zstd.
+        #[arg(long, default_value = "lz4")]
+        compression: flashpool_engine::Compression,
+    },
+    /// Change a volume's compression (off, lz4, zstd) for blocks written from now on.
+    Compression {
+        name: String,
+        setting: flashpool_engine::Compression,
     },
     /// List volumes.
     List {
@@ -46,8 +54,16 @@ pub fn run(a: VolumeArgs) -> Result<()> {
     let dd = datadir::open_existing(&a.data)?;
     let pool = &dd.pool;
     match a.cmd {
-        VolumeCmd::Create { name, size } => {
-            let v = pool.create_volume(&name, size)?;
+        VolumeCmd::Compression { name, setting } => {
+            pool.set_volume_compression(&name, setting)?;
+            println!("volume {name}: compression {setting:?}");
+        }
+        VolumeCmd::Create {
+            name,
+            size,
+            compression,
+        } => {
+            let v = pool.create_volume_with(&name, size, compression)?;
             println!("created volume {} ({} bytes)", v.name, v.size);
         }
         VolumeCmd::List { json } => {
