@@ -617,9 +617,15 @@ impl Pool {
     /// stripes written while it was out never used it, and its older chunks are as they were.
     /// A drive already rebuilt (retired) stays out.
     pub fn readmit_drive(&self, index: usize) -> Result<()> {
-        let slot = self.inner.drives.get(index).ok_or_else(|| Error::NotFound(format!("drive {index}")))?;
+        let slot = self
+            .inner
+            .drives
+            .get(index)
+            .ok_or_else(|| Error::NotFound(format!("drive {index}")))?;
         if slot.retired.load(Ordering::SeqCst) {
-            return Err(Error::invalid(format!("drive {index} was rebuilt and retired")));
+            return Err(Error::invalid(format!(
+                "drive {index} was rebuilt and retired"
+            )));
         }
         if slot.drive.is_none() {
             return Err(Error::NotFound(format!("drive {index} is not present")));
@@ -636,7 +642,9 @@ impl Pool {
         if index >= self.inner.drives.len() {
             return Err(Error::NotFound(format!("drive {index}")));
         }
-        self.inner.drives[index].by_request.store(true, Ordering::SeqCst);
+        self.inner.drives[index]
+            .by_request
+            .store(true, Ordering::SeqCst);
         self.inner
             .fail_drive(index, &std::io::Error::other("failed by request"));
         Ok(())
