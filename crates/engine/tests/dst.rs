@@ -20,7 +20,9 @@
 //! them; `World::gc`, `World::add_drive` and `World::rebuild` are the places to call it.
 
 use flashpool_engine::drive::{CrashFate, DriveRef, FaultDrive, FaultSwitch, MemDrive};
-use flashpool_engine::{Error, Pool, PoolConfig};
+use flashpool_engine::format::superblock::{MEMBER_ACTIVE, MEMBER_RETIRED};
+use flashpool_engine::stripe::StripeShape;
+use flashpool_engine::{read_superblock, Compression, Error, GcPolicy, Pool, PoolConfig};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus as Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,8 +34,18 @@ use std::time::{Duration, Instant};
 const B: u64 = 4096;
 const DRIVE_SIZE: u64 = 24 << 20;
 const MAX_VOLUMES: usize = 4;
-/// Host bytes a seed writes at most: the pool has no garbage collection yet (issue 5).
+/// Host bytes a seed of the roomy shape writes at most (its pool never fills).
 const WRITE_BUDGET: u64 = 12 << 20;
+/// The small shape: drives, segments and chunks small enough that the volumes fill most of the
+/// pool and the cleaner runs often (explicitly and in the foreground of writes).
+const SMALL_DRIVE_SIZE: u64 = 12 << 20;
+const SMALL_SEGMENT: u64 = 256 << 10;
+const SMALL_CHUNK: u32 = 16 << 10;
+/// Host bytes a seed of the small shape writes at most (several times its capacity).
+const SMALL_WRITE_BUDGET: u64 = 96 << 20;
+/// ENOSPC is a finding when the model's mapped data is below this percentage of what the pool
+/// can hold at its current width (the rest is slack for headers, partial stripes, reserves).
+const NOSPACE_MIN_FILL: u64 = 60;
 
 // ---------------------------------------------------------------------------------------------
 // Operations
@@ -67,6 +79,11 @@ enum Op {
     CreateVolume {
         name: String,
         size: u64,
+        compression: Compression,
+    },
+    SetCompression {
+        name: String,
+        compression: Compression,
     },
     DeleteVolume {
         name: String,
@@ -85,12 +102,28 @@ enum Op {
     },
     /// Clean close and reopen.
     Reopen,
-    /// Issue 5 hooks: run the cleaner, add a drive, rebuild a failed drive.
-    Gc,
-    AddDrive,
-    Rebuild {
-        drive: usize,
+    /// Run the cleaner with a policy until more than `target` segments are free.
+    Gc {
+        policy: GcPolicy,
+        target: GcTarget,
     },
+    /// Issue 5 hook, skipped: the engine cannot add a drive yet.
+    AddDrive,
+    /// Relocate the live data of failed or missing drives and retire them.
+    Rebuild,
+}
+
+/// The free-segment target of an explicit cleaner run.
+#[derive(Clone, Copy, Debug)]
+enum GcTarget {
+    /// Clean only when no segment is free.
+    Zero,
+    /// The foreground watermark's neighbourhood: the pool's background high-water mark.
+    HighWater,
+    /// A number of segments.
+    Segments(usize),
+    /// Everything worth cleaning (`usize::MAX`).
+    All,
 }
 
 #[derive(Clone, Debug)]
@@ -167,15 +200,20 @@ struct VolModel {
     size: u64,
     current: Vec<Vec<u8>>,
     candidates: Vec<Vec<Vec<u8>>>,
+    /// Blocks the engine may hold on media (an upper bound: for the ENOSPC check).
+    mapped: Vec<bool>,
+    compression: Compression,
 }
 
 impl VolModel {
-    fn new(size: u64) -> Self {
+    fn new(size: u64, compression: Compression) -> Self {
         let n = size.div_ceil(B) as usize;
         VolModel {
             size,
             current: vec![vec![0; B as usize]; n],
             candidates: vec![vec![vec![0; B as usize]]; n],
+            mapped: vec![false; n],
+            compression,
         }
     }
 
@@ -190,8 +228,22 @@ impl VolModel {
             if !self.candidates[b].contains(&c) {
                 self.candidates[b].push(c);
             }
+            self.mapped[b] = true;
             done += n;
         }
+    }
+
+    /// A trim or write-zeroes: whole blocks are unmapped, partial ones written with zeros.
+    fn zero(&mut self, offset: u64, len: u64) {
+        self.write(offset, &vec![0u8; len as usize]);
+        let end = offset + len;
+        for b in offset.div_ceil(B)..end / B {
+            self.mapped[b as usize] = false;
+        }
+    }
+
+    fn mapped_bytes(&self) -> u64 {
+        self.mapped.iter().filter(|m| **m).count() as u64 * B
     }
 
     fn read(&self, offset: u64, len: u64) -> Vec<u8> {
@@ -217,18 +269,46 @@ impl VolModel {
         let n = size.div_ceil(B) as usize;
         self.current.resize(n, vec![0; B as usize]);
         self.candidates.resize(n, vec![vec![0; B as usize]]);
+        self.mapped.resize(n, false);
         self.size = size;
     }
 }
 
+/// The bytes a write with `stamp` carries. The stamp's top bits choose how compressible they
+/// are: random (half of the writes), runs of 16 equal bytes, or a 64-byte pattern repeated with
+/// a few changed bytes (so lz4 and zstd pack blocks to a few hundred bytes, at 32-byte steps).
 fn payload(stamp: u64, len: u64) -> Vec<u8> {
     let mut s = stamp | 1;
-    let mut out = Vec::with_capacity(len as usize + 8);
-    while (out.len() as u64) < len {
+    let mut next = || {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
+        s
+    };
+    let mut out = Vec::with_capacity(len as usize + 64);
+    match stamp >> 62 {
+        2 => {
+            while (out.len() as u64) < len {
+                let b = next() as u8;
+                out.extend_from_slice(&[b; 16]);
+            }
+        }
+        3 => {
+            let pattern: Vec<u8> = (0..8).flat_map(|_| next().to_le_bytes()).collect();
+            while (out.len() as u64) < len {
+                out.extend_from_slice(&pattern);
+                let x = next();
+                if x % 5 == 0 {
+                    let at = out.len() - 1 - (x >> 8) as usize % 64;
+                    out[at] = (x >> 16) as u8;
+                }
+            }
+        }
+        _ => {
+            while (out.len() as u64) < len {
+                out.extend_from_slice(&next().to_le_bytes());
+            }
+        }
     }
     out.truncate(len as usize);
     out
@@ -303,8 +383,27 @@ struct Tally {
     engine_crc_errors: u64,
     engine_read_errors: u64,
     engine_degraded_reads: u64,
-    nospace_ends: u64,
-    issue5_skipped: u64,
+    /// ENOSPC answers accepted because the model says the pool is (nearly) full.
+    nospace_errors: u64,
+    small_seeds: u64,
+    /// Explicit cleaner runs, and the segments they cleaned.
+    gc_ops: u64,
+    gc_ops_cleaned: u64,
+    /// The engine's counters: cleaner passes (explicit and foreground), segments cleaned,
+    /// bytes relocated.
+    engine_gc_runs: u64,
+    engine_gc_segments: u64,
+    engine_gc_relocated: u64,
+    /// Rebuild ops, those that had a lost drive to rebuild, drives retired, segments moved.
+    rebuild_ops: u64,
+    rebuilds: u64,
+    drives_retired: u64,
+    rebuild_segments: u64,
+    compression_changes: u64,
+    engine_compressed_blocks: u64,
+    engine_compressed_stored: u64,
+    engine_checkpoints: u64,
+    add_drive_skipped: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -325,6 +424,14 @@ struct World {
     write_faulty: BTreeSet<usize>,
     /// Dead drives left out of the next opens.
     missing: BTreeSet<usize>,
+    /// Drives a rebuild retired: out of the pool for good, outside the fault budget.
+    retired: BTreeSet<usize>,
+    /// The small shape (GC-heavy); see `SMALL_DRIVE_SIZE`.
+    small: bool,
+    /// The cleaner's policy (a runtime setting: applied again after every open).
+    policy: GcPolicy,
+    /// Bytes of data a full-width pool holds, less reserves (for volume sizes in small pools).
+    usable: u64,
     /// Crashes may damage unflushed writes on every drive, not only on faulty ones (exposes
     /// the finding that recovery keeps degraded stripes unrepaired; see `strict_crashes`).
     strict: bool,
@@ -348,15 +455,36 @@ impl World {
         let (k, m) =
             [(4, 1), (3, 2), (2, 1), (2, 2), (4, 0), (3, 1), (4, 2)][rng.random_range(0..7usize)];
         let n = k + m + rng.random_range(0..2usize);
-        let cfg = PoolConfig {
+        let mut cfg = PoolConfig {
             k,
             m,
             chunk_size: [8 << 10, 16 << 10, 32 << 10][rng.random_range(0..3usize)],
             segment_size: 1 << 20,
             checkpoint_interval: [1 << 20, 4 << 20, 64 << 20][rng.random_range(0..3usize)],
         };
+        // A quarter of the seeds run the small, GC-heavy shape.
+        let small = rng.random_range(0..4) == 0;
+        let drive_size = if small {
+            cfg.chunk_size = SMALL_CHUNK;
+            cfg.segment_size = SMALL_SEGMENT;
+            cfg.checkpoint_interval = cfg.checkpoint_interval.min(4 << 20);
+            SMALL_DRIVE_SIZE
+        } else {
+            DRIVE_SIZE
+        };
+        let policy = if rng.random_range(0..2) == 0 {
+            GcPolicy::Greedy
+        } else {
+            GcPolicy::CostBenefit
+        };
+        let segments = (drive_size - (1 << 20)) / cfg.segment_size;
+        let need = StripeShape::new(k, m, cfg.chunk_size as usize).chunk_need();
+        let usable = segments.saturating_sub(8)
+            * (cfg.segment_size / need)
+            * cfg.chunk_size as u64
+            * k as u64;
         let mems: Vec<Arc<MemDrive>> = (0..n)
-            .map(|i| Arc::new(MemDrive::tracked(DRIVE_SIZE, format!("mem:{i}"))))
+            .map(|i| Arc::new(MemDrive::tracked(drive_size, format!("mem:{i}"))))
             .collect();
         World {
             seed,
@@ -369,6 +497,10 @@ impl World {
             faulty: BTreeSet::new(),
             write_faulty: BTreeSet::new(),
             missing: BTreeSet::new(),
+            retired: BTreeSet::new(),
+            small,
+            policy,
+            usable,
             strict: false,
             pool: None,
             vols: BTreeMap::new(),
@@ -410,6 +542,12 @@ impl World {
         self.tally.engine_crc_errors += s.crc_errors;
         self.tally.engine_read_errors += s.read_errors;
         self.tally.engine_degraded_reads += s.degraded_reads;
+        self.tally.engine_gc_runs += s.gc_runs;
+        self.tally.engine_gc_segments += s.gc_segments_cleaned;
+        self.tally.engine_gc_relocated += s.gc_relocated_bytes;
+        self.tally.engine_compressed_blocks += s.compressed_blocks;
+        self.tally.engine_compressed_stored += s.compressed_stored_bytes;
+        self.tally.engine_checkpoints += s.checkpoints;
         p
     }
 
@@ -420,9 +558,14 @@ impl World {
     fn open(&mut self, shuffle: bool) -> Check {
         let mut drives = self.wrap();
         // Vanished drives are back and random plans are gone; dead drives stay dead.
+        // Members the superblocks record as failed stay out of service too.
+        let states = self.member_states();
         self.write_faulty = (0..self.mems.len())
             .filter(|&i| {
-                self.missing.contains(&i) || self.switches[i].fail_writes.load(Ordering::SeqCst)
+                !self.retired.contains(&i)
+                    && (self.missing.contains(&i)
+                        || self.switches[i].fail_writes.load(Ordering::SeqCst)
+                        || states.get(i).is_some_and(|s| *s != MEMBER_ACTIVE))
             })
             .collect();
         if shuffle {
@@ -435,7 +578,10 @@ impl World {
             self.tally.degraded_opens += 1;
         }
         match Pool::open(drives) {
-            Ok(p) => self.pool = Some(p),
+            Ok(p) => {
+                p.set_gc_policy(self.policy);
+                self.pool = Some(p);
+            }
             Err(e) => return fail(format!("open failed: {e}")),
         }
         self.tally.reopens += 1;
@@ -446,13 +592,17 @@ impl World {
     /// holds becomes the model's current and only candidate (recovery made it durable).
     fn verify_all(&mut self, when: &str) -> Check {
         let pool = self.pool.as_ref().unwrap();
-        let mut names: Vec<(String, u64)> = pool
+        let mut names: Vec<(String, u64, Compression)> = pool
             .volumes()
             .into_iter()
-            .map(|v| (v.name, v.size))
+            .map(|v| (v.name, v.size, v.compression))
             .collect();
-        names.sort();
-        let want: Vec<(String, u64)> = self.vols.iter().map(|(n, v)| (n.clone(), v.size)).collect();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        let want: Vec<(String, u64, Compression)> = self
+            .vols
+            .iter()
+            .map(|(n, v)| (n.clone(), v.size, v.compression))
+            .collect();
         if names != want {
             return fail(format!("{when}: volumes {names:?}, model has {want:?}"));
         }
@@ -471,6 +621,8 @@ impl World {
                 match hit {
                     Some(i) => {
                         let c = cands[i].clone();
+                        // A crash may have brought back an older, mapped block.
+                        model.mapped[b] |= c.iter().any(|x| *x != 0);
                         model.current[b] = c;
                     }
                     None => {
@@ -498,6 +650,115 @@ impl World {
         }
     }
 
+    /// Reads every block of every volume (no crash happened): each must equal the model's
+    /// current contents.
+    fn verify_current(&mut self, when: &str) -> Check {
+        let pool = self.pool.as_ref().unwrap();
+        let mut buf = vec![0u8; B as usize];
+        for (name, model) in &self.vols {
+            let vol = pool
+                .volume(name)
+                .map_err(|e| format!("{when}: volume {name}: {e}"))?;
+            for b in 0..model.current.len() {
+                let off = b as u64 * B;
+                let len = (model.size - off).min(B) as usize;
+                vol.read(off, &mut buf[..len])
+                    .map_err(|e| format!("{when}: read {name} block {b}: {e}"))?;
+                if buf[..len] != model.current[b][..len] {
+                    let wrong = buf[..len]
+                        .iter()
+                        .zip(&model.current[b][..len])
+                        .filter(|(a, b)| a != b)
+                        .count();
+                    return fail(format!(
+                        "{when}: volume {name} block {b} differs from the model ({wrong} bytes)"
+                    ));
+                }
+                self.tally.reads_checked += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Member states from the newest superblock on the drives (empty when none is readable).
+    fn member_states(&self) -> Vec<u8> {
+        self.mems
+            .iter()
+            .filter_map(|m| read_superblock(&(m.clone() as DriveRef)).ok())
+            .max_by_key(|sb| sb.generation)
+            .map(|sb| sb.member_state)
+            .unwrap_or_default()
+    }
+
+    /// Drives still in the pool (not retired by a rebuild).
+    fn active(&self) -> usize {
+        self.mems.len() - self.retired.len()
+    }
+
+    /// An ENOSPC answer: accepted when the model says the pool is nearly full at its current
+    /// width, a finding otherwise.
+    fn nospace(&mut self, what: &str) -> Check {
+        let pool = self.pool();
+        let info = pool.info();
+        let mapped: u64 = self.vols.values().map(VolModel::mapped_bytes).sum();
+        let up = info.healthy_drives;
+        let w = if up > self.m {
+            self.k.min(up - self.m) as u64
+        } else {
+            0
+        };
+        let need = StripeShape::new(self.k, self.m, self.cfg.chunk_size as usize).chunk_need();
+        let low = pool
+            .gc_high_water()
+            .saturating_sub((info.segment_count as usize / 10).max(2));
+        let segs = (info.segment_count as u64).saturating_sub(low as u64 + 3);
+        let cap = segs * (info.segment_size / need) * self.cfg.chunk_size as u64 * w;
+        if mapped * 100 < cap * NOSPACE_MIN_FILL {
+            return fail(format!(
+                "{what}: ENOSPC with {} KiB mapped in the model ({} KiB live in the engine) of \
+                 {} KiB the pool holds at width {w} ({} of {} segments free)",
+                mapped >> 10,
+                info.live_bytes >> 10,
+                cap >> 10,
+                info.free_segments,
+                info.segment_count
+            ));
+        }
+        self.tally.nospace_errors += 1;
+        Ok(())
+    }
+
+    /// After a write that failed part-way (ENOSPC): each block it touched must hold its old
+    /// contents or the new ones; the model takes what the pool holds.
+    fn settle(&mut self, vol: &str, offset: u64, data: &[u8]) -> Check {
+        let v = self.volume(vol)?;
+        let model = self.vols.get_mut(vol).unwrap();
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = (pos / B) as usize;
+            let start = b as u64 * B;
+            let upto = end.min(start + B);
+            let len = (model.size - start).min(B) as usize;
+            let part = &data[(pos - offset) as usize..(upto - offset) as usize];
+            let mut new = model.current[b].clone();
+            new[(pos - start) as usize..(upto - start) as usize].copy_from_slice(part);
+            let mut buf = vec![0u8; len];
+            v.read(start, &mut buf)
+                .map_err(|e| format!("read {vol} block {b} after ENOSPC: {e}"))?;
+            if buf[..] == new[..len] {
+                model.write(pos, part);
+            } else if buf[..] != model.current[b][..len] {
+                return fail(format!(
+                    "{vol} block {b} after ENOSPC holds neither its old nor its new contents"
+                ));
+            }
+            self.tally.reads_checked += 1;
+            pos = upto;
+        }
+        Ok(())
+    }
+
     fn pick_vol(&mut self) -> Option<(String, u64)> {
         let live: Vec<(String, u64)> = self
             .vols
@@ -511,8 +772,15 @@ impl World {
         Some(live[self.rng.random_range(0..live.len())].clone())
     }
 
-    fn range(&mut self, size: u64) -> (u64, u64) {
+    fn range(&mut self, size: u64, big: bool) -> (u64, u64) {
         let r = &mut self.rng;
+        // Small pools fill up through large aligned writes of 32 to 512 blocks.
+        if big && size >= 32 * B && r.random_range(0..5) < 2 {
+            let blocks = size / B;
+            let n = r.random_range(32..=blocks.min(512));
+            let b = r.random_range(0..=blocks - n);
+            return (b * B, n * B);
+        }
         match r.random_range(0..10) {
             // Aligned, 1 to 16 blocks.
             0..=4 => {
@@ -538,7 +806,13 @@ impl World {
     }
 
     fn vol_size(&mut self) -> u64 {
-        let blocks = self.rng.random_range(1..=160u64);
+        let blocks = if self.small {
+            // Up to four volumes of 10 to 35 % of the pool each: thin, most of the capacity,
+            // sometimes more than all of it.
+            (self.usable / B * self.rng.random_range(10..=35u64) / 100).max(1)
+        } else {
+            self.rng.random_range(1..=160u64)
+        };
         let extra = if self.rng.random_range(0..4) == 0 {
             self.rng.random_range(1..B)
         } else {
@@ -553,11 +827,12 @@ impl World {
     /// How many drives may be faulty at once: m, but recovery needs m + 1 writable drives to
     /// open a pool (it writes a checkpoint), so at most n - m - 1 (finding: `Pool::open` with
     /// m drives missing fails when fewer than m + 1 remain). Strict mode uses m.
+    /// Drives a rebuild retired no longer count: n is the number still in the pool.
     fn budget(&self) -> usize {
         if self.strict {
             self.m
         } else {
-            self.m.min(self.mems.len().saturating_sub(self.m + 1))
+            self.m.min(self.active().saturating_sub(self.m + 1))
         }
     }
 
@@ -576,11 +851,11 @@ impl World {
             }
             f[self.rng.random_range(0..f.len())]
         };
-        if self.missing.contains(&drive) {
+        if self.missing.contains(&drive) || self.retired.contains(&drive) {
             return None;
         }
         let may_kill = self.write_faulty.contains(&drive)
-            || self.mems.len() - self.write_faulty.len() > self.m + 1;
+            || self.active() - self.write_faulty.len() > self.m + 1;
         let r = &mut self.rng;
         let mut f = match r.random_range(0..16) {
             0 | 1 => Fault::FailReads {
@@ -612,12 +887,21 @@ impl World {
         Some(Op::Fault(f))
     }
 
+    fn compression(&mut self) -> Compression {
+        [
+            Compression::Off,
+            Compression::Lz4,
+            Compression::Lz4,
+            Compression::Zstd,
+        ][self.rng.random_range(0..4usize)]
+    }
+
     fn gen(&mut self) -> Op {
         loop {
             let roll = self.rng.random_range(0..100);
             let op = match roll {
-                0..=29 => self.pick_vol().map(|(vol, size)| {
-                    let (offset, len) = self.range(size);
+                0..=29 | 98 | 99 => self.pick_vol().map(|(vol, size)| {
+                    let (offset, len) = self.range(size, self.small);
                     let fua = self.rng.random_range(0..12) == 0;
                     Op::Write {
                         vol,
@@ -628,15 +912,15 @@ impl World {
                     }
                 }),
                 30..=49 => self.pick_vol().map(|(vol, size)| {
-                    let (offset, len) = self.range(size);
+                    let (offset, len) = self.range(size, false);
                     Op::Read { vol, offset, len }
                 }),
                 50..=54 => self.pick_vol().map(|(vol, size)| {
-                    let (offset, len) = self.range(size);
+                    let (offset, len) = self.range(size, self.small);
                     Op::Trim { vol, offset, len }
                 }),
                 55..=57 => self.pick_vol().map(|(vol, size)| {
-                    let (offset, len) = self.range(size);
+                    let (offset, len) = self.range(size, self.small);
                     Op::WriteZeroes { vol, offset, len }
                 }),
                 58..=63 => Some(Op::Flush),
@@ -645,7 +929,12 @@ impl World {
                     let name = format!("v{}", self.next_vol);
                     self.next_vol += 1;
                     let size = self.vol_size();
-                    Some(Op::CreateVolume { name, size })
+                    let compression = self.compression();
+                    Some(Op::CreateVolume {
+                        name,
+                        size,
+                        compression,
+                    })
                 }
                 68 => self.pick_vol().map(|(name, _)| Op::DeleteVolume { name }),
                 69 | 70 => self.pick_vol().map(|(name, _)| {
@@ -660,10 +949,25 @@ impl World {
                     shuffle: self.rng.random_range(0..2) == 0,
                 }),
                 90 | 91 => Some(Op::Reopen),
-                92 => Some(Op::Gc),
+                92 | 96 => {
+                    let policy = if self.rng.random_range(0..2) == 0 {
+                        GcPolicy::Greedy
+                    } else {
+                        GcPolicy::CostBenefit
+                    };
+                    let target = match self.rng.random_range(0..4) {
+                        0 => GcTarget::Zero,
+                        1 => GcTarget::HighWater,
+                        2 => GcTarget::Segments(self.rng.random_range(1..64)),
+                        _ => GcTarget::All,
+                    };
+                    Some(Op::Gc { policy, target })
+                }
                 93 => Some(Op::AddDrive),
-                94 => Some(Op::Rebuild {
-                    drive: self.rng.random_range(0..self.mems.len()),
+                94 | 97 => Some(Op::Rebuild),
+                95 => self.pick_vol().map(|(name, _)| Op::SetCompression {
+                    name,
+                    compression: self.compression(),
                 }),
                 _ => None,
             };
@@ -679,14 +983,17 @@ impl World {
             .map_err(|e| format!("volume {name}: {e}"))
     }
 
-    /// Applies one op; `Ok(false)` ends the seed early (pool full).
-    fn apply(&mut self, op: &Op) -> std::result::Result<bool, String> {
-        let full = |e: &Error| matches!(e, Error::NoSpace);
+    /// Applies one op. ENOSPC is checked against the model (`nospace`) and the seed goes on:
+    /// a full pool must recover once space is freed.
+    fn apply(&mut self, op: &Op) -> Check {
         macro_rules! io {
             ($what:expr, $e:expr) => {
                 match $e {
-                    Ok(v) => v,
-                    Err(e) if full(&e) => return Ok(false),
+                    Ok(v) => Some(v),
+                    Err(Error::NoSpace) => {
+                        self.nospace($what)?;
+                        None
+                    }
                     Err(e) => return Err(format!("{}: {e}", $what)),
                 }
             };
@@ -699,18 +1006,26 @@ impl World {
                 fua,
                 stamp,
             } => {
-                if self.written + len > WRITE_BUDGET {
-                    return Ok(true);
+                let budget = if self.small {
+                    SMALL_WRITE_BUDGET
+                } else {
+                    WRITE_BUDGET
+                };
+                if self.written + len > budget {
+                    return Ok(());
                 }
                 let data = payload(*stamp, *len);
                 let v = self.volume(vol)?;
-                if *fua {
-                    io!("write_fua", v.write_fua(*offset, &data));
+                let res = if *fua {
+                    io!("write_fua", v.write_fua(*offset, &data))
                 } else {
-                    io!("write", v.write(*offset, &data));
-                }
+                    io!("write", v.write(*offset, &data))
+                };
                 self.written += len;
                 self.tally.bytes_written += len;
+                if res.is_none() {
+                    return self.settle(vol, *offset, &data);
+                }
                 self.vols.get_mut(vol).unwrap().write(*offset, &data);
                 if *fua {
                     self.flush_model();
@@ -719,7 +1034,7 @@ impl World {
             Op::Read { vol, offset, len } => {
                 let v = self.volume(vol)?;
                 let mut b = vec![0u8; *len as usize];
-                io!("read", v.read(*offset, &mut b));
+                v.read(*offset, &mut b).map_err(|e| format!("read: {e}"))?;
                 let want = self.vols[vol].read(*offset, *len);
                 if b != want {
                     let first = b.iter().zip(&want).position(|(a, b)| a != b).unwrap();
@@ -733,37 +1048,61 @@ impl World {
             }
             Op::Trim { vol, offset, len } | Op::WriteZeroes { vol, offset, len } => {
                 let v = self.volume(vol)?;
-                if matches!(op, Op::Trim { .. }) {
-                    io!("trim", v.trim(*offset, *len));
+                let res = if matches!(op, Op::Trim { .. }) {
+                    io!("trim", v.trim(*offset, *len))
                 } else {
-                    io!("write_zeroes", v.write_zeroes(*offset, *len));
+                    io!("write_zeroes", v.write_zeroes(*offset, *len))
+                };
+                if res.is_none() {
+                    return self.settle(vol, *offset, &vec![0u8; *len as usize]);
                 }
-                self.vols
-                    .get_mut(vol)
-                    .unwrap()
-                    .write(*offset, &vec![0u8; *len as usize]);
+                self.vols.get_mut(vol).unwrap().zero(*offset, *len);
             }
             Op::Flush => {
-                io!("flush", self.pool().flush());
-                self.flush_model();
+                if io!("flush", self.pool().flush()).is_some() {
+                    self.flush_model();
+                }
             }
             Op::Checkpoint => {
                 io!("checkpoint", self.pool().checkpoint());
             }
-            Op::CreateVolume { name, size } => {
-                io!("create_volume", self.pool().create_volume(name, *size));
-                self.vols.insert(name.clone(), VolModel::new(*size));
-                self.flush_model();
+            Op::CreateVolume {
+                name,
+                size,
+                compression,
+            } => {
+                let r = io!(
+                    "create_volume",
+                    self.pool().create_volume_with(name, *size, *compression)
+                );
+                if r.is_some() {
+                    self.vols
+                        .insert(name.clone(), VolModel::new(*size, *compression));
+                    self.flush_model();
+                }
+            }
+            Op::SetCompression { name, compression } => {
+                let r = io!(
+                    "set_volume_compression",
+                    self.pool().set_volume_compression(name, *compression)
+                );
+                if r.is_some() {
+                    self.tally.compression_changes += 1;
+                    self.vols.get_mut(name).unwrap().compression = *compression;
+                    self.flush_model();
+                }
             }
             Op::DeleteVolume { name } => {
-                io!("delete_volume", self.pool().delete_volume(name));
-                self.vols.remove(name);
-                self.flush_model();
+                if io!("delete_volume", self.pool().delete_volume(name)).is_some() {
+                    self.vols.remove(name);
+                    self.flush_model();
+                }
             }
             Op::ResizeVolume { name, size } => {
-                io!("resize_volume", self.pool().resize_volume(name, *size));
-                self.vols.get_mut(name).unwrap().resize(*size);
-                self.flush_model();
+                if io!("resize_volume", self.pool().resize_volume(name, *size)).is_some() {
+                    self.vols.get_mut(name).unwrap().resize(*size);
+                    self.flush_model();
+                }
             }
             Op::Fault(f) => self.fault(f)?,
             Op::Crash {
@@ -774,16 +1113,16 @@ impl World {
             } => self.crash(*fate_seed, *lose, *tear, *shuffle)?,
             Op::Reopen => {
                 let p = self.take_pool();
-                io!("close", p.close());
+                p.close().map_err(|e| format!("close: {e}"))?;
                 drop(p);
                 self.flush_model();
                 self.open(false)?;
             }
-            Op::Gc => self.gc()?,
+            Op::Gc { policy, target } => self.gc(*policy, *target)?,
             Op::AddDrive => self.add_drive()?,
-            Op::Rebuild { drive } => self.rebuild(*drive)?,
+            Op::Rebuild => self.rebuild()?,
         }
-        Ok(true)
+        Ok(())
     }
 
     fn fault(&mut self, f: &Fault) -> Check {
@@ -850,7 +1189,10 @@ impl World {
         } else {
             let mut d = self.faulty.clone();
             while d.len() < self.budget() {
-                d.insert(r.random_range(0..n));
+                let i = r.random_range(0..n);
+                if !self.retired.contains(&i) {
+                    d.insert(i);
+                }
             }
             d
         };
@@ -891,39 +1233,90 @@ impl World {
         self.open(shuffle)
     }
 
-    /// Issue 5 hook: run the cleaner, then check every block.
-    fn gc(&mut self) -> Check {
-        self.tally.issue5_skipped += 1;
-        Ok(())
+    /// Runs the cleaner with `policy` (which stays the pool's policy for foreground cleaning)
+    /// until more than `target` segments are free, then checks every block.
+    fn gc(&mut self, policy: GcPolicy, target: GcTarget) -> Check {
+        self.tally.gc_ops += 1;
+        self.policy = policy;
+        let pool = self.pool();
+        pool.set_gc_policy(policy);
+        let t = match target {
+            GcTarget::Zero => 0,
+            GcTarget::HighWater => pool.gc_high_water(),
+            GcTarget::Segments(n) => n,
+            GcTarget::All => usize::MAX,
+        };
+        match pool.gc(t) {
+            Ok(n) => self.tally.gc_ops_cleaned += n as u64,
+            Err(Error::NoSpace) => self.nospace("gc")?,
+            Err(e) => return fail(format!("gc: {e}")),
+        }
+        self.verify_current("after gc")
     }
 
-    /// Issue 5 hook: add a fresh drive to the pool.
+    /// Issue 5 hook: add a fresh drive to the pool (the engine cannot yet).
     fn add_drive(&mut self) -> Check {
-        self.tally.issue5_skipped += 1;
+        self.tally.add_drive_skipped += 1;
         Ok(())
     }
 
-    /// Issue 5 hook: rebuild `drive` (then it may leave `faulty`).
-    fn rebuild(&mut self, _drive: usize) -> Check {
-        self.tally.issue5_skipped += 1;
-        Ok(())
+    /// Rebuilds whatever depended on failed or missing drives; the drives the engine retires
+    /// leave the fault budget (the pool tolerates m new failures among the others), and every
+    /// block must read back as the model says.
+    fn rebuild(&mut self) -> Check {
+        self.tally.rebuild_ops += 1;
+        let pool = self.pool();
+        let lost = pool.needs_rebuild();
+        match pool.rebuild() {
+            Ok(st) => {
+                if lost {
+                    self.tally.rebuilds += 1;
+                    self.tally.rebuild_segments += st.done_segments;
+                }
+            }
+            Err(Error::NoSpace) => return self.nospace("rebuild"),
+            Err(e) => return fail(format!("rebuild: {e}")),
+        }
+        let states = self.member_states();
+        for (i, st) in states.iter().enumerate() {
+            if *st == MEMBER_RETIRED && self.retired.insert(i) {
+                if !self.faulty.contains(&i) {
+                    return fail(format!("rebuild retired drive {i}, which had no fault"));
+                }
+                self.faulty.remove(&i);
+                self.write_faulty.remove(&i);
+                self.tally.drives_retired += 1;
+            }
+        }
+        self.verify_current("after rebuild")
     }
 
     fn describe(&self) -> String {
         format!(
-            "{}+{} on {} drives, chunk {} KiB, checkpoint every {} MiB",
+            "{}+{} on {} drives of {} MiB, chunk {} KiB, segment {} KiB, checkpoint every {} MiB, \
+             {:?} GC{}",
             self.k,
             self.m,
             self.mems.len(),
+            if self.small {
+                SMALL_DRIVE_SIZE
+            } else {
+                DRIVE_SIZE
+            } >> 20,
             self.cfg.chunk_size >> 10,
-            self.cfg.checkpoint_interval >> 20
+            self.cfg.segment_size >> 10,
+            self.cfg.checkpoint_interval >> 20,
+            self.policy,
+            if self.small { " (small pool)" } else { "" }
         )
     }
 
     fn run(&mut self, ops: usize, verbose: bool) -> Check {
         let drives: Vec<DriveRef> = self.wrap();
         let pool = Pool::create(drives, &self.cfg).map_err(|e| format!("create: {e}"))?;
+        pool.set_gc_policy(self.policy);
         self.pool = Some(pool);
+        self.tally.small_seeds = self.small as u64;
         if verbose {
             eprintln!("seed {}: {}", self.seed, self.describe());
         }
@@ -935,10 +1328,7 @@ impl World {
             }
             self.trace.push(line);
             self.tally.ops += 1;
-            if !self.apply(&op)? {
-                self.tally.nospace_ends += 1;
-                return Ok(());
-            }
+            self.apply(&op)?;
         }
         // End of the run: a last crash and a full check.
         self.crash(self.seed ^ 0xC0FFEE, 50, 10, true)?;
@@ -1004,8 +1394,8 @@ fn run_seed_with(
             let _ = writeln!(msg, "seed {seed} ({}): {e}", w.describe());
             let _ = writeln!(
                 msg,
-                "  faulty drives {:?}, missing {:?}",
-                w.faulty, w.missing
+                "  faulty drives {:?}, missing {:?}, retired {:?}",
+                w.faulty, w.missing, w.retired
             );
             let _ = writeln!(msg, "  last operations:");
             for l in w.trace.iter().rev().take(12).rev() {
@@ -1040,8 +1430,22 @@ impl Tally {
         self.engine_crc_errors += o.engine_crc_errors;
         self.engine_read_errors += o.engine_read_errors;
         self.engine_degraded_reads += o.engine_degraded_reads;
-        self.nospace_ends += o.nospace_ends;
-        self.issue5_skipped += o.issue5_skipped;
+        self.nospace_errors += o.nospace_errors;
+        self.small_seeds += o.small_seeds;
+        self.gc_ops += o.gc_ops;
+        self.gc_ops_cleaned += o.gc_ops_cleaned;
+        self.engine_gc_runs += o.engine_gc_runs;
+        self.engine_gc_segments += o.engine_gc_segments;
+        self.engine_gc_relocated += o.engine_gc_relocated;
+        self.rebuild_ops += o.rebuild_ops;
+        self.rebuilds += o.rebuilds;
+        self.drives_retired += o.drives_retired;
+        self.rebuild_segments += o.rebuild_segments;
+        self.compression_changes += o.compression_changes;
+        self.engine_compressed_blocks += o.engine_compressed_blocks;
+        self.engine_compressed_stored += o.engine_compressed_stored;
+        self.engine_checkpoints += o.engine_checkpoints;
+        self.add_drive_skipped += o.add_drive_skipped;
     }
 }
 
@@ -1097,24 +1501,29 @@ fn deterministic_simulation() {
     }
     std::panic::set_hook(hook);
     let f = &total.drive_faults;
+    let t = &total;
     eprintln!(
-        "dst: seeds {start}..{seed} ({} run) in {:.1}s: {} ops, {} reads checked, {} MiB written, \
-         {} crashes ({} unflushed writes lost, {} torn), {} reopens ({} degraded), \
+        "dst: seeds {start}..{seed} ({} run, {} small pools) in {:.1}s: {} ops, {} reads checked, \
+         {} MiB written, {} crashes ({} unflushed writes lost, {} torn), {} reopens ({} degraded), \
          {} faults set by hand, {} injected by drives (read errors {}, write errors {}, flush \
          errors {}, torn writes {}, bit flips {}, corrupt reads {}, latency spikes {}, vanishes {}); \
-         engine saw {} CRC errors, {} read errors, {} degraded reads; {} seeds ended on a full pool; \
-         {} issue-5 ops skipped; {} failed",
-        total.seeds,
+         engine saw {} CRC errors, {} read errors, {} degraded reads; \
+         GC: {} explicit runs cleaning {} segments, engine {} cleaner passes, {} segments \
+         cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
+         ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
+         compressed in {} MiB; {} ENOSPC answers on a full pool; {} drive adds skipped; {} failed",
+        t.seeds,
+        t.small_seeds,
         t0.elapsed().as_secs_f64(),
-        total.ops,
-        total.reads_checked,
-        total.bytes_written >> 20,
-        total.crashes,
-        total.lost_at_crash,
-        total.torn_at_crash,
-        total.reopens,
-        total.degraded_opens,
-        total.faults_by_hand,
+        t.ops,
+        t.reads_checked,
+        t.bytes_written >> 20,
+        t.crashes,
+        t.lost_at_crash,
+        t.torn_at_crash,
+        t.reopens,
+        t.degraded_opens,
+        t.faults_by_hand,
         f.total(),
         f.read_errors,
         f.write_errors,
@@ -1124,11 +1533,24 @@ fn deterministic_simulation() {
         f.corrupt_reads,
         f.latency_spikes,
         f.vanishes,
-        total.engine_crc_errors,
-        total.engine_read_errors,
-        total.engine_degraded_reads,
-        total.nospace_ends,
-        total.issue5_skipped,
+        t.engine_crc_errors,
+        t.engine_read_errors,
+        t.engine_degraded_reads,
+        t.gc_ops,
+        t.gc_ops_cleaned,
+        t.engine_gc_runs,
+        t.engine_gc_segments,
+        t.engine_gc_relocated >> 20,
+        t.engine_checkpoints,
+        t.rebuild_ops,
+        t.rebuilds,
+        t.rebuild_segments,
+        t.drives_retired,
+        t.compression_changes,
+        t.engine_compressed_blocks,
+        t.engine_compressed_stored >> 20,
+        t.nospace_errors,
+        t.add_drive_skipped,
         failures.len()
     );
     assert!(
