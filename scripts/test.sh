@@ -18,6 +18,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 cargo test --workspace
 
+step "short fuzz run (libFuzzer via cargo-fuzz when installed)"
+bash fuzz/run.sh "${FLASHPOOL_FUZZ_SECONDS:-15}"
+
 if [ "${FLASHPOOL_SKIP_E2E:-0}" != 1 ]; then
     step "end-to-end checks with real NBD clients"
     E2E_INSTALL=1 bash tests/e2e/run-all.sh flashpool
