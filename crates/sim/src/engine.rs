@@ -60,6 +60,8 @@ pub struct Engine {
     pub completed: u64,
     outstanding: u64,
     wrr: u32,
+    /// `geo.stripe_die(i)` for every i (no divisions in write allocation).
+    stripe: Vec<u32>,
     /// Idle dies with new work, scheduled once all events of the current instant are handled
     /// (so requests arriving together can form multi-plane operations).
     kicked: Vec<u32>,
@@ -126,6 +128,7 @@ impl Engine {
             completed: 0,
             outstanding: 0,
             wrr: 0,
+            stripe: (0..geo.dies).map(|i| geo.stripe_die(i)).collect(),
             kicked: Vec::with_capacity(geo.dies as usize),
             lat: Default::default(),
             ios_by_op: [0; 3],
@@ -323,6 +326,7 @@ impl Engine {
                 self.slots[slot as usize].remaining = io.pages;
                 for k in 0..io.pages {
                     let lpa = (io.lpa + k).min(logical - 1);
+                    self.ftl.prefetch_lpa(lpa);
                     let d = self.pick_write_die();
                     self.dies[d as usize]
                         .writes
@@ -361,8 +365,12 @@ impl Engine {
             if k >= window && best != NONE {
                 break;
             }
-            let i = (self.wrr + k) % n;
-            let d = self.geo.stripe_die(i);
+            let i = if self.wrr + k >= n {
+                self.wrr + k - n
+            } else {
+                self.wrr + k
+            };
+            let d = self.stripe[i as usize];
             if !self.die_can_write(d) {
                 continue;
             }
@@ -376,9 +384,9 @@ impl Engine {
         }
         if best == NONE {
             best_i = self.wrr;
-            best = self.geo.stripe_die(best_i);
+            best = self.stripe[best_i as usize];
         }
-        self.wrr = (best_i + 1) % n;
+        self.wrr = if best_i + 1 == n { 0 } else { best_i + 1 };
         best
     }
 

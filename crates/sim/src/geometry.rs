@@ -19,6 +19,32 @@ pub struct Geometry {
     pub planes: u32,
     pub blocks: u32,
     pub pages: u32,
+    /// log2 of pages_per_block, blocks_per_plane and pages per plane when they are powers of
+    /// two, else `NO_SHIFT` (then the id arithmetic divides).
+    ppb_shift: u32,
+    bpp_shift: u32,
+    ppp_shift: u32,
+}
+
+const NO_SHIFT: u32 = u32::MAX;
+
+fn shift_of(n: u32) -> u32 {
+    if n.is_power_of_two() {
+        n.trailing_zeros()
+    } else {
+        NO_SHIFT
+    }
+}
+
+/// `x / d`, by a shift when `shift` says `d` is a power of two (ids are divided on every
+/// simulated page operation, and a hardware divide costs tens of cycles).
+#[inline(always)]
+fn div(x: u32, d: u32, shift: u32) -> u32 {
+    if shift != NO_SHIFT {
+        x >> shift
+    } else {
+        x / d
+    }
 }
 
 impl Geometry {
@@ -39,24 +65,31 @@ impl Geometry {
             planes,
             blocks,
             pages,
+            ppb_shift: shift_of(g.pages_per_block),
+            bpp_shift: shift_of(g.blocks_per_plane),
+            ppp_shift: shift_of(g.pages_per_block * g.blocks_per_plane),
         }
     }
 
     #[inline]
     pub fn block_of(&self, ppa: u32) -> u32 {
-        ppa / self.pages_per_block
+        div(ppa, self.pages_per_block, self.ppb_shift)
     }
     #[inline]
     pub fn page_in_block(&self, ppa: u32) -> u32 {
-        ppa % self.pages_per_block
+        ppa - self.block_of(ppa) * self.pages_per_block
     }
     #[inline]
     pub fn plane_of_block(&self, block: u32) -> u32 {
-        block / self.blocks_per_plane
+        div(block, self.blocks_per_plane, self.bpp_shift)
     }
     #[inline]
     pub fn plane_of(&self, ppa: u32) -> u32 {
-        ppa / (self.pages_per_block * self.blocks_per_plane)
+        div(
+            ppa,
+            self.pages_per_block * self.blocks_per_plane,
+            self.ppp_shift,
+        )
     }
     #[inline]
     pub fn die_of_plane(&self, plane: u32) -> u32 {

@@ -58,13 +58,19 @@ impl Timing {
     /// tR of the page at offset `page_in_block`.
     #[inline]
     pub fn read(&self, page_in_block: u32) -> u64 {
-        self.read_ns[page_in_block as usize % self.read_ns.len()]
+        match self.read_ns.len() {
+            1 => self.read_ns[0],
+            n => self.read_ns[page_in_block as usize % n],
+        }
     }
 
     /// tPROG of the page at offset `page_in_block`.
     #[inline]
     pub fn program(&self, page_in_block: u32) -> u64 {
-        self.program_ns[page_in_block as usize % self.program_ns.len()]
+        match self.program_ns.len() {
+            1 => self.program_ns[0],
+            n => self.program_ns[page_in_block as usize % n],
+        }
     }
 
     /// Mean tR over page types.

@@ -166,6 +166,13 @@ impl Ftl {
         self.bucket_remove(b, v);
         self.closed_remove(b);
         self.state[b as usize] = BlockState::Victim;
+        // The victim's reverse map was written long ago and is cold: start loading it now,
+        // GC reads it entry by entry over the next steps.
+        let first = self.geo.first_page(b) as usize;
+        let n = self.geo.pages_per_block as usize;
+        for i in (first..first + n).step_by(16) {
+            super::prefetch(&self.p2l[i]);
+        }
         self.victim[p] = Victim {
             block: b,
             scan: 0,
