@@ -1681,6 +1681,14 @@ fn known_failing_seeds() {
 
 /// A small pool (GC-heavy shape) on fault drives: the pool, the memory images and switches.
 fn small_pool(k: usize, m: usize) -> (Pool, Vec<Arc<MemDrive>>, Vec<Arc<FaultSwitch>>) {
+    small_pool_cp(k, m, 4 << 20)
+}
+
+fn small_pool_cp(
+    k: usize,
+    m: usize,
+    checkpoint_interval: u64,
+) -> (Pool, Vec<Arc<MemDrive>>, Vec<Arc<FaultSwitch>>) {
     let mems: Vec<Arc<MemDrive>> = (0..k + m)
         .map(|i| Arc::new(MemDrive::new(SMALL_DRIVE_SIZE, format!("mem:{i}"))))
         .collect();
@@ -1696,7 +1704,7 @@ fn small_pool(k: usize, m: usize) -> (Pool, Vec<Arc<MemDrive>>, Vec<Arc<FaultSwi
         m,
         chunk_size: SMALL_CHUNK,
         segment_size: SMALL_SEGMENT,
-        checkpoint_interval: 4 << 20,
+        checkpoint_interval,
     };
     (Pool::create(drives, &cfg).unwrap(), mems, switches)
 }
@@ -1839,5 +1847,24 @@ fn issue5_known_failing_seeds() {
         .filter_map(|&s| run_seed(s, 160, false).err())
         .collect();
     std::panic::set_hook(hook);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Finding 8: a pool that crashed nearly full of garbage (a few segments free, which is normal:
+/// foreground cleaning starts only at the low watermark) and comes back with a drive missing
+/// cannot be opened at all: recovery rewrites every stripe after the checkpoint that it could
+/// read only by reconstruction (`recover` → `relocate_stripe` for each `repair`), and those
+/// rewrites, at the narrower width, need more free segments than there are; the first ENOSPC
+/// aborts the open ("no space left in the pool"), though the data is all readable and the pool
+/// mostly garbage. DST seeds 72, 126.
+#[test]
+#[ignore = "bug: open fails with ENOSPC when recovery's repairs need space (finding 8)"]
+fn open_degraded_when_nearly_full_of_garbage() {
+    // Seed 72: 3+2 on 5 drives, 6 of 44 segments free and 2 MiB live before the crash at op
+    // #92; drive 2 dead and left out of the open, drive 4 failing reads: width 1.
+    let bad: Vec<String> = [72u64, 126]
+        .iter()
+        .filter_map(|&s| run_seed(s, 160, false).err())
+        .collect();
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
