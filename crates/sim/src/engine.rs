@@ -633,19 +633,21 @@ impl Engine {
     }
 
     fn die_done(&mut self, d: u32) {
-        let op = self.dies[d as usize].op;
-        self.dies[d as usize].busy = false;
-        self.dies[d as usize].op.kind = OpKind::Idle;
-        match op.kind {
+        let die = &mut self.dies[d as usize];
+        let (kind, n, planes) = (die.op.kind, die.op.n as usize, die.op.planes);
+        die.busy = false;
+        die.op.kind = OpKind::Idle;
+        match kind {
             OpKind::Read | OpKind::Program => {
-                for i in 0..op.n as usize {
-                    self.page_done(op.subs[i].io);
+                for i in 0..n {
+                    let io = self.dies[d as usize].op.subs[i].io;
+                    self.page_done(io);
                 }
             }
             OpKind::Erase => {
                 let p0 = d * self.geo.planes_per_die;
                 for i in 0..self.geo.planes_per_die {
-                    if op.planes & (1 << i) != 0 {
+                    if planes & (1 << i) != 0 {
                         self.ftl.erase_victim(p0 + i);
                     }
                 }

@@ -296,7 +296,7 @@ impl Ftl {
         (self.free[plane as usize].len() as u32) < self.bg_gc_threshold
     }
 
-    #[inline]
+    #[inline(always)]
     fn invalidate(&mut self, ppa: u32) {
         self.vbits[(ppa >> 6) as usize] &= !(1u64 << (ppa & 63));
         let b = self.geo.block_of(ppa);
@@ -322,7 +322,7 @@ impl Ftl {
         self.vbits[(ppa >> 6) as usize] & (1u64 << (ppa & 63)) != 0
     }
 
-    #[inline]
+    #[inline(always)]
     fn place(&mut self, lpa: u32, ppa: u32) {
         self.l2p[lpa as usize] = ppa;
         self.p2l[ppa as usize] = lpa;
