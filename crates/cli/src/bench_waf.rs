@@ -22,7 +22,7 @@
 //! expression for write amplification in NAND flash" (arXiv:1110.4245) give the same value
 //! (2.36 at 30 % over-provisioning) for greedy and match it against simulation.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use flashpool_engine::drive::{DriveRef, MemDrive};
 use flashpool_engine::{Compression, Error, GcPolicy, Pool, PoolConfig};
 use std::sync::Arc;
@@ -30,8 +30,19 @@ use std::time::Instant;
 
 const K: usize = 4;
 const M: usize = 1;
-const DRIVE_SIZE: u64 = 128 << 20;
+const DRIVE_SIZE: u64 = 384 << 20;
 const BLOCK: u64 = 4096;
+const SEGMENT_SIZE: u64 = 1 << 20;
+/// Free segments, beyond those left at ENOSPC, below which the bench's cleaner runs (the
+/// `serve` cleaner's role, inline so the run is deterministic). Each round asks the engine for
+/// one more free segment than it found (`Pool::gc(free)`): a round can only write into free
+/// segments, since the segments it empties become free only at the round's closing
+/// checkpoint, so a round must stay small (one segment net costs u / (1 - u) segments of room).
+const CLEAN_AT: usize = 12;
+/// Most of the usable space the initial sequential fill covers.
+const FILL_MAX: f64 = 0.8;
+/// Host writes between checks of the free-segment count.
+const CHECK_EVERY: u64 = 64;
 /// Volume sizes of random overwrites before the measured window (reaches steady state).
 const WARMUP: u64 = 3;
 /// Volume sizes of random overwrites in the measured window.
@@ -39,12 +50,37 @@ const WINDOW: u64 = 2;
 /// Host writes between samples of the free-segment count.
 const SAMPLE_EVERY: u64 = 1024;
 
+/// One host write, then the bench's cleaner when free segments run low.
+fn write_and_clean(
+    pool: &Pool,
+    vol: &flashpool_engine::Volume,
+    off: u64,
+    data: &[u8],
+    i: u64,
+    free_at_full: usize,
+) -> Result<()> {
+    vol.write(off, data)?;
+    if i.is_multiple_of(CHECK_EVERY) {
+        loop {
+            let free = pool.info().free_segments;
+            if free >= free_at_full + CLEAN_AT {
+                break;
+            }
+            pool.gc(free)?;
+            if pool.info().free_segments <= free {
+                break; // nothing worth cleaning: host writes meet the foreground watermark
+            }
+        }
+    }
+    Ok(())
+}
+
 fn config() -> PoolConfig {
     PoolConfig {
         k: K,
         m: M,
         chunk_size: 32 << 10,
-        segment_size: 1 << 20,
+        segment_size: SEGMENT_SIZE,
         ..PoolConfig::default()
     }
 }
@@ -191,21 +227,52 @@ fn one_run(
     let vol = pool.volume("waf")?;
     let data = block_data(seed);
     let t = Instant::now();
-    for b in 0..blocks {
-        vol.write(b * BLOCK, &data)?;
+    // Fill sequentially, but at most `FILL_MAX` of the usable space: at lower spare the first
+    // cleaning would find every segment nearly full (garbage spread evenly over all of them) and
+    // the engine skips segments it deems over 97 % live; the random writes below fill the rest
+    // while the cleaner settles into its steady-state victim distribution.
+    let fill = blocks.min((FILL_MAX * usable as f64) as u64 / BLOCK);
+    for b in 0..fill {
+        vol.write(b * BLOCK, &data)
+            .with_context(|| format!("fill, block {b} of {fill}"))?;
     }
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    for _ in 0..WARMUP * blocks {
-        vol.write((rng.next() % blocks) * BLOCK, &data)?;
+    let mut written = vec![false; blocks as usize];
+    written[..fill as usize].iter_mut().for_each(|w| *w = true);
+    for i in 0..WARMUP * blocks {
+        if i == (WARMUP - 1) * blocks {
+            // Blocks the random writes have not reached yet get written now, so the live data
+            // is the whole volume (constant) from here on.
+            for b in (0..blocks).filter(|&b| !written[b as usize]) {
+                write_and_clean(&pool, &vol, b * BLOCK, &data, 0, free_at_full)
+                    .with_context(|| format!("completing the fill, block {b}"))?;
+            }
+        }
+        let b = rng.next() % blocks;
+        written[b as usize] = true;
+        let off = b * BLOCK;
+        write_and_clean(&pool, &vol, off, &data, i, free_at_full).with_context(|| {
+            let f = pool.info();
+            format!(
+                "warm-up write {i} of {}: {} free segments, {} MiB live",
+                WARMUP * blocks,
+                f.free_segments,
+                f.live_bytes >> 20
+            )
+        })?;
     }
     let start = Counts::of(&pool.stats());
     let mut mid = None;
-    let (mut free_sum, mut samples) = (0u64, 0u64);
+    let (mut free_sum, mut live_sum, mut samples) = (0u64, 0u64, 0u64);
     let n = WINDOW * blocks;
     for i in 0..n {
-        vol.write((rng.next() % blocks) * BLOCK, &data)?;
-        if i % SAMPLE_EVERY == 0 {
-            free_sum += pool.info().free_segments as u64;
+        let off = (rng.next() % blocks) * BLOCK;
+        write_and_clean(&pool, &vol, off, &data, i, free_at_full)
+            .with_context(|| format!("measured write {i} of {n}"))?;
+        if i.is_multiple_of(SAMPLE_EVERY) {
+            let f = pool.info();
+            free_sum += f.free_segments as u64;
+            live_sum += f.live_bytes;
             samples += 1;
         }
         if i == n / 2 {
@@ -223,7 +290,7 @@ fn one_run(
         first_half_wa: mid.minus(&start).wa(),
         second_half_wa: end.minus(&mid).wa(),
         d: end.minus(&start),
-        rho_eff: (blocks * BLOCK) as f64 / holding,
+        rho_eff: live_sum as f64 / samples.max(1) as f64 / holding,
         secs,
     })
 }
@@ -235,15 +302,20 @@ pub fn run(json: bool) -> Result<()> {
     let info = new_pool()?.info();
     if !json {
         println!(
-            "pool: {K}+{M} on {} memory drives of {} MiB, chunk 32 KiB, segment 1 MiB ({} segments), \
+            "pool: {K}+{M} on {} memory drives of {} MiB, chunk 32 KiB, segment {} KiB ({} segments), \
              compression off; capacity_bytes {} MiB, usable (filled to ENOSPC) {:.1} MiB, {} free segments at ENOSPC ({:.1} s)",
             K + M,
             DRIVE_SIZE >> 20,
+            SEGMENT_SIZE >> 10,
             info.segment_count,
             info.capacity_bytes >> 20,
             usable as f64 / (1 << 20) as f64,
             free_at_full,
             t.elapsed().as_secs_f64()
+        );
+        println!(
+            "cleaner: while fewer than {} segments are free ({CLEAN_AT} beyond ENOSPC's), Pool::gc(free) rounds of one segment net each (checked every {CHECK_EVERY} writes)",
+            free_at_full + CLEAN_AT,
         );
         println!(
             "window: {WINDOW} volume sizes of uniform random 4 KiB overwrites after {WARMUP} of warm-up; WA = media bytes / host bytes"
@@ -274,7 +346,20 @@ pub fn run(json: bool) -> Result<()> {
             ("greedy", GcPolicy::Greedy),
             ("cost-benefit", GcPolicy::CostBenefit),
         ] {
-            let o = one_run(spare, policy, usable, free_at_full, 42)?;
+            let o = match one_run(spare, policy, usable, free_at_full, 42) {
+                Ok(o) => o,
+                Err(e) => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"spare": spare, "policy": name, "error": format!("{e:#}")})
+                        );
+                    } else {
+                        println!("{:>4.0}% {:<12} failed: {e:#}", spare * 100.0, name);
+                    }
+                    continue;
+                }
+            };
             let h = o.d.host as f64;
             let wa_data = o.d.data as f64 / h;
             let gc = o.d.reloc as f64 / h;
