@@ -3,8 +3,8 @@
 #  1. fio writes with verify while a drive is taken out of service through the admin socket
 #     (`flashpool drive fail`): the run completes with no verify error, the server rebuilds,
 #     and a second verify pass is clean.
-#  2. a drive is added between two fio phases (stop, `flashpool drive add`, start): the data
-#     verifies, and new writes verify too.
+#  2. a drive is added while fio writes with verify (`flashpool drive add` through the admin
+#     socket): no verify error; after a restart all the data verifies again.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: drive checks need flashpool serve"; exit 0; fi
@@ -34,15 +34,20 @@ fio "${JOB[@]}" --verify_only --output="$WORK/v.out"
 if grep -E 'err= *[1-9]|verify: bad' "$WORK/v.out"; then die "verify errors after the rebuild"; fi
 echo "drive loss: no verify error during the run, rebuild done, second verify pass clean"
 
-stop_server
-"$FP" drive --data "$DATA" add
-start_server
-fio "${JOB[@]}" --verify_only --output="$WORK/v2.out"
-if grep -E 'err= *[1-9]|verify: bad' "$WORK/v2.out"; then die "verify errors after the drive add"; fi
 JOB2=(--name=add --ioengine=nbd --uri="$URI_UNIX" --rw=randwrite --bs=4k --size=64M
       --offset=128M --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=778)
-fio "${JOB2[@]}" --output="$WORK/w2.out"
-if grep -E 'err= *[1-9]|verify: bad' "$WORK/w2.out"; then die "verify errors writing to the grown pool"; fi
-"$FP" status --data "$DATA"
+fio "${JOB2[@]}" --output="$WORK/w2.out" &
+FIO=$!
+sleep 1
+"$FP" drive --data "$DATA" add
+wait "$FIO" || die "fio failed while a drive was added"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/w2.out"; then die "verify errors during the drive add"; fi
+"$FP" status --data "$DATA" --json > "$WORK/status2.json"
+$PY -c "import json,sys; p=json.load(open(sys.argv[1]))['pool']; assert p['drives']==6, p; print('pool has', p['drives'], 'drives, stripes', p['k'], '+', p['m'])" "$WORK/status2.json"
 stop_server
-echo "drive add: data verified, new writes verified"
+start_server
+fio "${JOB[@]}" --verify_only --output="$WORK/v2.out"
+fio "${JOB2[@]}" --verify_only --output="$WORK/v3.out"
+if grep -E 'err= *[1-9]|verify: bad' "$WORK/v2.out" "$WORK/v3.out"; then die "verify errors after restart"; fi
+stop_server
+echo "drive add while serving: no verify error, data verified after restart"

@@ -2,9 +2,9 @@
 //! one JSON answer. It lets `flashpool drive` and `flashpool status` act on a pool that a
 //! `flashpool serve` holds (the data dir lock keeps them from opening it themselves).
 //!
-//! Commands: `status` (pool, drives, counters, rebuild progress), `fail N` (take drive N out
-//! of service; the server's cleaner thread rebuilds), `readmit N` (put a failed drive that has
-//! not been rebuilt back in service).
+//! Commands: `status` (pool, drives, counters, rebuild progress), `add` (a new file drive in
+//! the data dir joins the pool), `fail N` (take drive N out of service; the server's cleaner
+//! thread rebuilds), `readmit N` (put a failed drive that has not been rebuilt back in service).
 
 use anyhow::{bail, Context, Result};
 use flashpool_engine::Pool;
@@ -55,7 +55,7 @@ pub fn status_json(pool: &Pool) -> serde_json::Value {
     })
 }
 
-fn answer(pool: &Pool, line: &str) -> serde_json::Value {
+fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
     let words: Vec<&str> = line.split_whitespace().collect();
     let drive = |w: Option<&&str>| -> Result<usize> {
         w.context("missing drive index")?
@@ -68,12 +68,19 @@ fn answer(pool: &Pool, line: &str) -> serde_json::Value {
             pool.fail_drive(i)?;
             Ok(serde_json::json!({"ok": format!("drive {i} taken out of service; rebuild starts")}))
         }),
+        Some("add") => crate::datadir::add_drive_online(dir, pool).map(|path| {
+            let info = pool.info();
+            serde_json::json!({"ok": format!(
+                "drive {} added: {} drives, stripes {}+{}, capacity {} MiB",
+                path.display(), info.drive_count, info.k, info.m, info.capacity_bytes >> 20
+            )})
+        }),
         Some("readmit") => drive(words.get(1)).and_then(|i| {
             pool.readmit_drive(i)?;
             Ok(serde_json::json!({"ok": format!("drive {i} back in service")}))
         }),
         _ => Err(anyhow::anyhow!(
-            "unknown command {line:?}: status, fail N or readmit N"
+            "unknown command {line:?}: status, add, fail N or readmit N"
         )),
     };
     result.unwrap_or_else(|e| serde_json::json!({"error": format!("{e:#}")}))
@@ -85,6 +92,7 @@ pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
     let _ = std::fs::remove_file(&path); // the data dir lock says no other server owns it
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    let dir = dir.to_owned();
     std::thread::Builder::new()
         .name("admin".into())
         .spawn(move || {
@@ -99,7 +107,7 @@ pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
                 {
                     continue;
                 }
-                let reply = answer(&pool, line.trim());
+                let reply = answer(&pool, &dir, line.trim());
                 let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
             }
         })?;

@@ -239,3 +239,18 @@ pub fn add_drive(dir: &Path) -> Result<DataDir> {
         }
     }
 }
+
+/// Adds a file drive (next `drive-N.img`, the size of drive 0) to a running pool.
+pub fn add_drive_online(dir: &Path, pool: &Pool) -> Result<PathBuf> {
+    let existing = (0..).take_while(|&i| drive_path(dir, i).exists()).count();
+    let size = fs::metadata(drive_path(dir, 0))?.len();
+    let path = drive_path(dir, existing);
+    let new = Arc::new(
+        FileDrive::create(&path, size).with_context(|| format!("creating {}", path.display()))?,
+    ) as DriveRef;
+    if let Err(e) = pool.add_drive_online(new) {
+        let _ = fs::remove_file(&path);
+        return Err(e.into());
+    }
+    Ok(path)
+}

@@ -24,8 +24,8 @@ pub enum DriveCmd {
     Fail { index: usize },
     /// Rebuild the data of failed or missing drives onto the others.
     Rebuild,
-    /// Add a drive (a new file in the data dir, the size of the others): capacity grows at
-    /// once, new stripes are wider.
+    /// Add a drive (a new file in the data dir, the size of the others), also while serving:
+    /// capacity grows at once, new stripes are wider.
     Add,
 }
 
@@ -122,7 +122,10 @@ fn online(a: &DriveArgs) -> Result<()> {
             println!("{}", v["ok"].as_str().unwrap_or("done"));
         }
         DriveCmd::Rebuild => println!("the server rebuilds by itself (see --rebuild-delay); `flashpool drive list` shows progress"),
-        DriveCmd::Add => anyhow::bail!("adding a drive while serving is not supported yet: stop the server, run `flashpool drive add`, start it again"),
+        DriveCmd::Add => {
+            let v = request(&a.data, "add")?;
+            println!("{}", v["ok"].as_str().unwrap_or("done"));
+        }
     }
     Ok(())
 }

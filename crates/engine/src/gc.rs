@@ -44,7 +44,7 @@ impl Inner {
     fn segment_data_capacity(&self) -> u64 {
         (self.geo.segment_size / self.shape.chunk_need())
             * self.shape.chunk_size as u64
-            * self.geo.k as u64
+            * self.width.load(Ordering::Relaxed) as u64
     }
 
     /// The segment to clean next, if any holds garbage worth the work.
@@ -157,6 +157,11 @@ impl Inner {
         for desc in stripes.values() {
             self.relocate_stripe(desc)?;
         }
+        if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
+            // Some stripe's records could not be read (every full header copy sits on a drive
+            // that is lost, or behind a torn chunk): find the blocks from the maps instead.
+            self.relocate_by_map(seg)?;
+        }
         let left = self.live[seg as usize].load(Ordering::Relaxed);
         let mut w = self.writer.lock();
         if left == 0 && w.segs.states[seg as usize] == SegState::Used {
@@ -172,6 +177,51 @@ impl Inner {
             );
         }
         Ok(false)
+    }
+
+    /// Re-appends every block whose map entry points into segment `seg`, read through the
+    /// normal read path (reconstructing as needed). Slower than `relocate_stripe` (it walks
+    /// every map), for the rare segment whose stripe records are unreadable.
+    fn relocate_by_map(&self, seg: u32) -> Result<()> {
+        let vols: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
+        for v in vols {
+            let mut found = Vec::new();
+            v.map.for_each_run(|first, entries| {
+                for (i, e) in entries.iter().enumerate() {
+                    if let Some(Entry::Media { offset, .. }) = Entry::decode(*e) {
+                        if crate::layout::SegmentTable::segment_of(&self.geo, offset) == seg {
+                            found.push((first + i as u64, *e));
+                        }
+                    }
+                }
+            });
+            let mut block = vec![0u8; crate::format::BLOCK];
+            for (lba, expected) in found {
+                if v.map.get(lba) != expected {
+                    continue;
+                }
+                self.read_block(&v, lba, &mut block)?;
+                let crc = crc32c::crc32c(&block);
+                self.logged_in(Stream::Gc, true, |open| {
+                    if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
+                        return Ok(Some(()));
+                    }
+                    let Some(pos) = open.append_block(v.id, lba, &block, crc, 0) else {
+                        return Ok(None);
+                    };
+                    let new = Entry::Buffered {
+                        seq: open.seq,
+                        offset: pos,
+                        len: block.len() as u32,
+                    };
+                    let old = v.map.swap(lba, new.encode());
+                    self.release(old);
+                    Stats::add(&self.stats.gc_relocated_bytes, block.len() as u64);
+                    Ok(Some(()))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Cleans until more than `target` segments are free, or nothing is worth cleaning; then

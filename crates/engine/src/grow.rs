@@ -1,81 +1,94 @@
-//! Adding a drive: the pool gains a member, capacity grows at once, and new stripes are one
-//! data chunk wider (up to the widest width the pool allows). Old stripes stay as they are
-//! until the cleaner moves their live data into wide stripes.
+//! Adding a drive, online: the pool gains a member, capacity grows at once, and new stripes
+//! are one data chunk wider (up to the widest width the pool allows). Old stripes stay as they
+//! are until the cleaner moves their live data into wide stripes.
 //!
-//! The new drive's superblock is written first, then every other drive's: a crash in between
-//! leaves drives whose superblock is one generation behind and names one member fewer, which
-//! recovery accepts as stale.
+//! With writers held off, the new drive gets a superblock naming the new geometry (one more
+//! member, the next generation), then joins the drive table, and a checkpoint rewrites every
+//! other drive's superblock. A crash in between leaves drives whose superblock is one generation
+//! behind and names one member fewer, which recovery accepts as stale.
 
 use crate::aligned::AlignedBuf;
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::superblock::{validate_geometry, Superblock, MAX_DRIVES, MEMBER_ACTIVE};
+use crate::layout::Stream;
 use crate::pool::{DriveSlot, Pool};
+use std::sync::atomic::Ordering;
 
 impl Pool {
-    /// Adds `new` to the pool on `drives` (which must not be open elsewhere) and returns the
-    /// reopened, larger pool.
-    pub fn add_drive(drives: Vec<DriveRef>, new: DriveRef) -> Result<Pool> {
-        let pool = Pool::open(drives.clone())?;
-        pool.close()?;
-        let inner = &pool.inner;
-        let geo = &inner.geo;
-        let n = geo.drive_count as usize + 1;
+    /// Adds `new` to the running pool.
+    pub fn add_drive_online(&self, new: DriveRef) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_failed()?;
+        let _one_checkpoint = inner.cp_lock.lock();
+        let mut w = inner.writer.lock();
+        // Everything accepted so far goes to the drives under the old geometry.
+        for stream in [Stream::Data, Stream::Gc] {
+            if let Some(o) = w.slot(stream).take() {
+                let s = inner.seal(&mut w, o, stream);
+                inner.write_stripe(s)?;
+            }
+        }
+        inner.wait_written(w.next_seq - 1)?;
+        let n = inner.drives.len() + 1;
         if n > MAX_DRIVES {
             return Err(Error::invalid(format!(
                 "a pool has at most {MAX_DRIVES} drives"
             )));
         }
-        if new.info().size < geo.drive_size {
+        if new.info().size < inner.geo.drive_size {
             return Err(Error::invalid(format!(
                 "the new drive has {} bytes, the pool's drives {}",
                 new.info().size,
-                geo.drive_size
+                inner.geo.drive_size
             )));
         }
-        let m = geo.m as usize;
+        let m = inner.geo.m as usize;
         let active = inner.drives.iter().filter(|d| d.usable().is_some()).count() + 1;
-        let mut geo2 = geo.clone();
-        geo2.drive_count = n as u16;
-        geo2.k = (geo.k_max as usize)
+        let mut geo = inner.geometry_now();
+        geo.drive_count = n as u16;
+        geo.k = (geo.k_max as usize)
             .min(active.saturating_sub(m))
             .max(geo.k as usize) as u8;
-        validate_geometry(&geo2).map_err(Error::invalid)?;
-        let sbs = inner.sb.lock();
-        let mut members = sbs.members.clone();
-        members.push(*uuid::Uuid::new_v4().as_bytes());
-        let mut states: Vec<u8> = inner.drives.iter().map(DriveSlot::state).collect();
-        states.push(MEMBER_ACTIVE);
-        let generation = sbs.generation + 1;
-        let sb_for = |i: usize| Superblock {
-            pool_uuid: inner.uuid,
-            drive_index: i as u16,
-            members: members.clone(),
-            member_state: states.clone(),
-            geometry: geo2.clone(),
-            generation,
-            checkpoint: sbs.checkpoint.clone(),
-        };
-        let write = |d: &DriveRef, sb: &Superblock| -> Result<()> {
+        validate_geometry(&geo).map_err(Error::invalid)?;
+        let generation = {
+            let mut sb = inner.sb.lock();
+            sb.members.push(*uuid::Uuid::new_v4().as_bytes());
+            sb.generation += 1;
+            let mut states: Vec<u8> = inner.drives.iter().map(DriveSlot::state).collect();
+            states.push(MEMBER_ACTIVE);
+            let first = Superblock {
+                pool_uuid: inner.uuid,
+                drive_index: (n - 1) as u16,
+                members: sb.members.clone(),
+                member_state: states,
+                geometry: geo.clone(),
+                generation: sb.generation,
+                checkpoint: sb.checkpoint.clone(),
+            };
+            new.write_at(0, &AlignedBuf::zeroed(8192))?;
             let mut b = AlignedBuf::zeroed(4096);
-            b.copy_from_slice(&sb.encode());
-            d.write_at(Superblock::slot_offset(sb.generation), &b)?;
-            d.flush()?;
-            Ok(())
+            b.copy_from_slice(&first.encode());
+            new.write_at(Superblock::slot_offset(first.generation), &b)?;
+            new.flush()?;
+            sb.generation
         };
-        // The new drive first: both slots cleared, then its superblock.
-        new.write_at(0, &AlignedBuf::zeroed(8192))?;
-        write(&new, &sb_for(n - 1))?;
-        for (i, slot) in inner.drives.iter().enumerate() {
-            if let Some(d) = slot.usable() {
-                write(d, &sb_for(i))?;
-            }
-        }
-        drop(sbs);
-        drop(pool);
-        tracing::info!(drives = n, width = geo2.k, "drive added");
-        let mut all = drives;
-        all.push(new);
-        Pool::open(all)
+        inner
+            .drives
+            .push(DriveSlot::new(Some(new), MEMBER_ACTIVE))?;
+        inner.width.store(geo.k, Ordering::SeqCst);
+        w.segs.grow(n, geo.k as usize);
+        drop(w);
+        drop(_one_checkpoint);
+        tracing::info!(drives = n, width = geo.k, generation, "drive added");
+        // Every other drive learns the new geometry with the next checkpoint.
+        inner.checkpoint()
+    }
+
+    /// Adds `new` to the pool on `drives` (not open elsewhere) and returns the larger pool.
+    pub fn add_drive(drives: Vec<DriveRef>, new: DriveRef) -> Result<Pool> {
+        let pool = Pool::open(drives)?;
+        pool.add_drive_online(new)?;
+        Ok(pool)
     }
 }

@@ -115,6 +115,15 @@ impl SegmentTable {
         self.gc_reserve = gc;
     }
 
+    /// A drive was added: `n` members, stripes `k` data chunks wide from now on.
+    pub fn grow(&mut self, n: usize, k: usize) {
+        self.geo.drive_count = n as u16;
+        self.geo.k = k as u8;
+        for c in self.cursors.iter_mut() {
+            c.fill.resize(n, 0);
+        }
+    }
+
     /// Free segments below which host writes clean first (foreground GC).
     pub fn low_water(&self) -> usize {
         self.reserve + self.gc_reserve + 1

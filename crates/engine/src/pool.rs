@@ -18,8 +18,9 @@ use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
 use crate::volume::{Volume, VolumeInfo};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::OnceLock;
 
 /// How to create a pool.
 #[derive(Clone, Debug)]
@@ -107,6 +108,67 @@ impl DriveSlot {
     }
 }
 
+/// The member drive slots: room for `MAX_DRIVES`, of which the first `len` are members. A slot
+/// is set once and never moved, so readers index it without a lock while a drive is added.
+pub(crate) struct Drives {
+    slots: Box<[OnceLock<DriveSlot>]>,
+    len: AtomicUsize,
+}
+
+impl Drives {
+    pub fn new(v: Vec<DriveSlot>) -> Self {
+        let len = v.len();
+        let slots: Box<[OnceLock<DriveSlot>]> = (0..MAX_DRIVES).map(|_| OnceLock::new()).collect();
+        for (i, s) in v.into_iter().enumerate() {
+            let _ = slots[i].set(s);
+        }
+        Drives {
+            slots,
+            len: AtomicUsize::new(len),
+        }
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Member `i`, if there is one.
+    pub fn get(&self, i: usize) -> Option<&DriveSlot> {
+        if i < self.len() {
+            self.slots[i].get()
+        } else {
+            None
+        }
+    }
+
+    /// Every member, by index.
+    pub fn iter(&self) -> impl Iterator<Item = &DriveSlot> {
+        self.slots[..self.len()]
+            .iter()
+            .map(|s| s.get().expect("member slots are set"))
+    }
+
+    /// Appends a member (callers serialise additions under the writer lock).
+    pub fn push(&self, s: DriveSlot) -> Result<usize> {
+        let i = self.len();
+        if i >= MAX_DRIVES || self.slots[i].set(s).is_err() {
+            return Err(Error::invalid(format!(
+                "a pool has at most {MAX_DRIVES} drives"
+            )));
+        }
+        self.len.store(i + 1, Ordering::Release);
+        Ok(i)
+    }
+}
+
+impl std::ops::Index<usize> for Drives {
+    type Output = DriveSlot;
+    fn index(&self, i: usize) -> &DriveSlot {
+        self.get(i).expect("drive index in range")
+    }
+}
+
 /// A volume's in-memory state.
 pub(crate) struct VolumeState {
     pub id: u32,
@@ -166,7 +228,9 @@ pub(crate) struct Inner {
     pub uuid: [u8; 16],
     pub geo: Geometry,
     pub shape: StripeShape,
-    pub drives: Vec<DriveSlot>,
+    pub drives: Drives,
+    /// Data chunks of a full stripe now (grows as drives are added, up to `geo.k_max`).
+    pub width: std::sync::atomic::AtomicU8,
     pub codec: Box<dyn ErasureCode>,
     pub volumes: RwLock<VolumeTable>,
     pub writer: Mutex<WriterState>,
@@ -239,7 +303,8 @@ impl Inner {
         sb: SbState,
         checkpoint_interval: u64,
     ) -> Result<Self> {
-        let shape = StripeShape::new(geo.k as usize, geo.m as usize, geo.chunk_size as usize);
+        // Stripe buffers are laid out for the widest stripe the pool may grow to.
+        let shape = StripeShape::new(geo.k_max as usize, geo.m as usize, geo.chunk_size as usize);
         if shape.chunk_need() * 4 > geo.segment_size {
             return Err(Error::invalid(format!(
                 "segment size {} too small for chunks of {} bytes",
@@ -253,7 +318,8 @@ impl Inner {
             uuid,
             codec: codec_for(geo.m as usize)?,
             shape,
-            drives,
+            drives: Drives::new(drives),
+            width: std::sync::atomic::AtomicU8::new(geo.k),
             volumes: RwLock::new(VolumeTable {
                 next_id: 1,
                 ..Default::default()
@@ -323,6 +389,14 @@ impl Inner {
             Some(e) => Err(Error::Failed(e.clone())),
             None => Ok(()),
         }
+    }
+
+    /// The geometry as it stands now: members and stripe width grow when drives are added.
+    pub(crate) fn geometry_now(&self) -> Geometry {
+        let mut g = self.geo.clone();
+        g.drive_count = self.drives.len() as u16;
+        g.k = self.width.load(Ordering::Relaxed);
+        g
     }
 
     /// Drives out of service that the pool still depends on (retired ones do not count).
@@ -532,15 +606,17 @@ impl Pool {
         let free = i.writer.lock().segs.free_count();
         PoolInfo {
             uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
-            k: g.k as usize,
+            k: i.width.load(Ordering::Relaxed) as usize,
             m: g.m as usize,
-            drive_count: g.drive_count as usize,
+            drive_count: i.drives.len(),
             healthy_drives: i.healthy().iter().filter(|h| **h).count(),
             chunk_size: g.chunk_size,
             segment_size: g.segment_size,
             segment_count: g.segment_count,
             free_segments: free,
-            capacity_bytes: g.segment_count as u64 * g.segment_size * g.k as u64,
+            capacity_bytes: g.segment_count as u64
+                * g.segment_size
+                * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
         }
     }
@@ -699,7 +775,7 @@ impl Inner {
                 drive_index: i as u16,
                 members: sbs.members.clone(),
                 member_state: self.drives.iter().map(DriveSlot::state).collect(),
-                geometry: self.geo.clone(),
+                geometry: self.geometry_now(),
                 generation,
                 checkpoint: sbs.checkpoint.clone(),
             };

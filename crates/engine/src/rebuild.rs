@@ -98,7 +98,13 @@ impl Inner {
         for (n, seg) in victims.iter().enumerate() {
             {
                 let _cleaner = self.gc_lock.lock();
-                self.clean_segment(*seg)?;
+                if !self.clean_segment(*seg)?
+                    && self.live[*seg as usize].load(Ordering::Relaxed) != 0
+                {
+                    return Err(crate::error::Error::Unavailable(format!(
+                        "rebuild: segment {seg} still holds live data that could not be moved; lost drives stay in the pool"
+                    )));
+                }
             }
             let low = {
                 let w = self.writer.lock();

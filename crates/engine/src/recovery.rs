@@ -278,7 +278,7 @@ impl Inner {
             Some(Entry::Media {
                 drive, offset, len, ..
             }) => {
-                (drive as u16) < self.geo.drive_count
+                (drive as usize) < self.drives.len()
                     && lba < blocks
                     && offset + len as u64 <= self.geo.drive_size
                     && (SegmentTable::segment_of(&self.geo, offset) as usize) < self.live.len()

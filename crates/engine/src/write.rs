@@ -119,7 +119,7 @@ impl Inner {
         let st = &self.stats;
         Stats::add(&st.stripes_written, 1);
         Stats::add(
-            if s.w == self.geo.k as usize {
+            if s.w == self.width.load(Ordering::Relaxed) as usize {
                 &st.full_stripes
             } else {
                 &st.partial_stripes

@@ -76,3 +76,44 @@ fn add_a_drive_then_stripes_widen_and_data_survives() {
     assert_eq!(pool.info().k, 4);
     check(&pool, &expect, "after reopen");
 }
+
+/// Online: a drive joins while another thread keeps writing; nothing written is lost, and the
+/// pool reopens with the new member.
+#[test]
+fn add_a_drive_online_under_writes() {
+    let mems = mem_drives(4, false);
+    let pool = Arc::new(Pool::create(as_refs(&mems), &small_config(3, 1)).unwrap());
+    pool.create_volume_with("v", 4 << 20, Compression::Lz4).unwrap();
+    let writer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let vol = pool.volume("v").unwrap();
+            for i in 0..3000u64 {
+                vol.write((i % 1000) * 4096, &block_for(i)).unwrap();
+            }
+            pool.flush().unwrap();
+        })
+    };
+    let new = Arc::new(MemDrive::new(DRIVE_SIZE, "mem:new"));
+    pool.add_drive_online(new.clone() as DriveRef).unwrap();
+    writer.join().unwrap();
+    assert_eq!((pool.info().drive_count, pool.info().k), (5, 4));
+    let vol = pool.volume("v").unwrap();
+    let mut b = vec![0u8; 4096];
+    for l in 0..1000u64 {
+        vol.read(l * 4096, &mut b).unwrap();
+        assert!(b == block_for(2000 + l), "block {l}");
+    }
+    pool.close().unwrap();
+    drop(vol);
+    let mut all = as_refs(&mems);
+    all.push(new as DriveRef);
+    drop(pool);
+    let pool = Pool::open(all).unwrap();
+    assert_eq!(pool.info().drive_count, 5);
+    let vol = pool.volume("v").unwrap();
+    for l in 0..1000u64 {
+        vol.read(l * 4096, &mut b).unwrap();
+        assert!(b == block_for(2000 + l), "block {l} after reopen");
+    }
+}
