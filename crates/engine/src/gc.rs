@@ -41,21 +41,30 @@ impl std::str::FromStr for GcPolicy {
 
 impl Inner {
     /// Data bytes a segment holds when every stripe is full width.
+    /// Data bytes a segment holds when written at the width stripes have now (narrower while
+    /// drives are out: measuring against full width would make every segment look worth
+    /// cleaning and the cleaner churn).
     fn segment_data_capacity(&self) -> u64 {
+        let up = self.healthy().iter().filter(|h| **h).count();
+        let width = (self.width.load(Ordering::Relaxed) as usize)
+            .min(up.saturating_sub(self.geo.m as usize))
+            .max(1);
         (self.geo.segment_size / self.shape.chunk_need())
             * self.shape.chunk_size as u64
-            * self.width.load(Ordering::Relaxed) as u64
+            * width as u64
     }
 
     /// The segment to clean next, if any holds garbage worth the work.
-    pub(crate) fn pick_victim(&self) -> Option<u32> {
+    /// Only segments closed before sequence number `before` are candidates: a cleaning run
+    /// never picks what it wrote itself.
+    pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
         let w = self.writer.lock();
         let cap = self.segment_data_capacity() as f64;
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
         let mut best: Option<(f64, u32)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
-            if *st != SegState::Used {
+            if *st != SegState::Used || w.segs.closed_seq[i] >= before {
                 continue;
             }
             let live = self.live[i].load(Ordering::Relaxed) as f64;
@@ -230,6 +239,7 @@ impl Inner {
         let _one_cleaner = self.gc_lock.lock();
         let mut cleaned = 0;
         let mut tried = 0;
+        let run_start = self.writer.lock().next_seq;
         loop {
             let (free, reclaimed) = {
                 let w = self.writer.lock();
@@ -244,12 +254,26 @@ impl Inner {
             if free + reclaimed > target || tried >= self.live.len() {
                 break;
             }
-            let Some(victim) = self.pick_victim() else {
+            let Some(victim) = self.pick_victim(run_start) else {
                 break;
             };
             tried += 1;
-            if self.clean_segment(victim)? {
-                cleaned += 1;
+            match self.clean_segment(victim) {
+                Ok(true) => cleaned += 1,
+                Ok(false) => {}
+                // Out of room for relocations: free what was cleaned, then stop.
+                Err(crate::error::Error::NoSpace) => break,
+                Err(e) => return Err(e),
+            }
+            // Cleaned segments are unusable until a checkpoint: take one before the cleaner's
+            // own stream runs short.
+            let low = {
+                let w = self.writer.lock();
+                w.segs.free_count() <= w.segs.low_water()
+                    && w.segs.states.contains(&SegState::Reclaimed)
+            };
+            if low {
+                self.checkpoint()?;
             }
         }
         let reclaimed = self

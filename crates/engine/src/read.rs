@@ -95,7 +95,16 @@ impl Inner {
             }
         }
         let (desc, j) = self.find_stripe(d, offset)?;
-        let shards = self.read_stripe(&desc, Some(d))?;
+        let (desc, j, shards) = match self.read_stripe(&desc, Some(d)) {
+            Ok(s) => (desc, j, s),
+            Err(_) => {
+                // A cached scan may be older than the segment's contents: rescan once.
+                self.seg_index.lock().remove(&desc.segment);
+                let (desc, j) = self.find_stripe(d, offset)?;
+                let s = self.read_stripe(&desc, Some(d))?;
+                (desc, j, s)
+            }
+        };
         let at = (offset - desc.chunks[j].data_offset()) as usize;
         let stored = &shards[j][at..at + len];
         if crc32c::crc32c(stored) as u8 != tag {

@@ -178,7 +178,18 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
     } else {
         // The roll-forward holds the writer lock no more: repairs append like the cleaner.
         for d in &repair {
-            inner.relocate_stripe(d)?;
+            match inner.relocate_stripe(d) {
+                Ok(()) => {}
+                // Deferred: the stripe is readable, and a later rebuild or cleaning moves it.
+                Err(Error::NoSpace) => {
+                    tracing::warn!(
+                        seq = d.seq,
+                        "no room to rewrite degraded stripes now; deferred"
+                    );
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
         }
         inner.checkpoint()?;
     }

@@ -35,6 +35,10 @@ impl Inner {
             w.next_seq,
             urgent,
         )?;
+        if plan.fresh {
+            // The segment held other stripes before: a cached scan of it is stale.
+            self.seg_index.lock().remove(&plan.segment);
+        }
         let buf = self.take_buffer();
         let seq = w.next_seq;
         w.next_seq += 1;
