@@ -83,7 +83,8 @@ fn add_a_drive_then_stripes_widen_and_data_survives() {
 fn add_a_drive_online_under_writes() {
     let mems = mem_drives(4, false);
     let pool = Arc::new(Pool::create(as_refs(&mems), &small_config(3, 1)).unwrap());
-    pool.create_volume_with("v", 4 << 20, Compression::Lz4).unwrap();
+    pool.create_volume_with("v", 4 << 20, Compression::Lz4)
+        .unwrap();
     let writer = {
         let pool = pool.clone();
         std::thread::spawn(move || {
