@@ -35,9 +35,10 @@ const BLOCK: u64 = 4096;
 const SEGMENT_SIZE: u64 = 1 << 20;
 /// Free segments, beyond those left at ENOSPC, below which the bench's cleaner runs (the
 /// `serve` cleaner's role, inline so the run is deterministic). Each round asks the engine for
-/// one more free segment than it found (`Pool::gc(free)`): a round can only write into free
-/// segments, since the segments it empties become free only at the round's closing
-/// checkpoint, so a round must stay small (one segment net costs u / (1 - u) segments of room).
+/// one more free segment than it found (`Pool::gc(free)`). The segments a round empties become
+/// free only at a checkpoint (which writes the whole map), so the round size trades spare space
+/// (room for the round's relocations) against checkpoint metadata. With 0 here, only the
+/// engine's foreground cleaning at its low watermark runs.
 const CLEAN_AT: usize = 12;
 /// Most of the usable space the initial sequential fill covers.
 const FILL_MAX: f64 = 0.8;
