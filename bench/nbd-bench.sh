@@ -91,7 +91,7 @@ launch() {   # launch KIND: start one server on $SOCK, set SERVER_PID
     case $1 in
         flashpool|flashpool-base)
             bin=$FLASHPOOL; [ "$1" = flashpool-base ] && bin=${FLASHPOOL_BASE:?set FLASHPOOL_BASE}
-            "$bin" serve --memory --ec 4+1 --data "$WORK/data" \
+            "$bin" serve --memory --ec 4+1 --drive-size 512M --data "$WORK/data" \
                 --listen "127.0.0.1:$((20000 + RANDOM % 20000))" --socket "$SOCK" \
                 >"$WORK/server-$1.log" 2>&1 & ;;
         memserve|memserve-base)
@@ -106,7 +106,7 @@ launch() {   # launch KIND: start one server on $SOCK, set SERVER_PID
         *) echo "unknown server $1" >&2; exit 2 ;;
     esac
     SERVER_PID=$!
-    for _ in $(seq 200); do
+    for _ in $(seq 1200); do   # up to 60 s: serve --memory prefaults its drives first
         [ -S "$SOCK" ] && nbdinfo --size "$URI" >/dev/null 2>&1 && return 0
         kill -0 "$SERVER_PID" 2>/dev/null || break
         sleep 0.05

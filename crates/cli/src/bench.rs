@@ -33,6 +33,9 @@ pub struct BenchArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Compression of the benchmark volume (the written data is compressible).
+    #[arg(long, default_value = "off")]
+    pub compression: flashpool_engine::Compression,
     /// Instead of IOPS: fill a pool of this data capacity, write a checkpoint interval's worth
     /// of random writes after its last checkpoint, crash it, and time the reopen.
     #[arg(long, value_parser = crate::size::parse_size)]
@@ -182,7 +185,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     ..PoolConfig::default()
                 },
             )?;
-            pool.create_volume("bench", a.working_set)?;
+            // Compression off: the targets are about the parity path; `--compression` measures
+            // the cost of packing and unpacking on top.
+            pool.create_volume_with("bench", a.working_set, a.compression)?;
             let vol = pool.volume("bench")?;
             let base = memcpy_iops(threads, a.reads, blocks);
             let data: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();

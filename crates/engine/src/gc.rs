@@ -49,9 +49,10 @@ impl Inner {
         let width = (self.width.load(Ordering::Relaxed) as usize)
             .min(up.saturating_sub(self.geo.m as usize))
             .max(1);
-        (self.geo.segment_size / self.shape.chunk_need())
-            * self.shape.chunk_size as u64
-            * width as u64
+        // A chunk takes its data plus a header of one or two blocks (not the worst-case header
+        // room a stripe reserves, which would make segments look fuller than they are).
+        let per_chunk = self.shape.chunk_size as u64 + 2 * crate::format::BLOCK as u64;
+        (self.geo.segment_size / per_chunk) * self.shape.chunk_size as u64 * width as u64
     }
 
     /// The segment to clean next, if any holds garbage worth the work.
@@ -68,7 +69,9 @@ impl Inner {
                 continue;
             }
             let live = self.live[i].load(Ordering::Relaxed) as f64;
-            let u = (live / cap).min(1.0);
+            // Utilisation against what the segment really received, when known.
+            let written = self.written[i].load(Ordering::Relaxed) as f64;
+            let u = (live / if written > 0.0 { written } else { cap }).min(1.0);
             if u > 0.97 {
                 continue; // nothing to gain
             }

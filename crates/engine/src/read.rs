@@ -2,7 +2,6 @@
 //! read checked against the CRC tag in the map entry; on a drive error or a tag mismatch, the
 //! block is rebuilt from the rest of its stripe, every chunk checked against its CRC32C.
 
-use crate::aligned::AlignedBuf;
 use crate::compress;
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
@@ -72,9 +71,12 @@ impl Inner {
                 // blocks around it.
                 let start = offset / BLOCK as u64 * BLOCK as u64;
                 let end = (offset + len as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
-                let mut tmp = AlignedBuf::zeroed((end - start) as usize);
+                // At most two 4 KiB blocks: a stack buffer, no allocation per read (a backend
+                // that needs alignment bounces it).
+                let mut stack = [0u8; 2 * BLOCK];
+                let tmp = &mut stack[..(end - start) as usize];
                 let at = (offset - start) as usize;
-                drive.read_at(start, &mut tmp).map(|_| {
+                drive.read_at(start, tmp).map(|_| {
                     let stored = &tmp[at..at + len];
                     crc32c::crc32c(stored) as u8 == tag && compress::decode(stored, out).is_ok()
                 })

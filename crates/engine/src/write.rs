@@ -38,6 +38,7 @@ impl Inner {
         if plan.fresh {
             // The segment held other stripes before: a cached scan of it is stale.
             self.seg_index.lock().remove(&plan.segment);
+            self.written[plan.segment as usize].store(0, Ordering::Relaxed);
         }
         let buf = self.take_buffer();
         let seq = w.next_seq;
@@ -153,6 +154,10 @@ impl Inner {
     /// Points the map at the media for every block of `s` not overwritten since, releases
     /// the buffer and wakes flushes.
     fn complete(&self, s: &SealedStripe) {
+        if s.kind == StripeKind::Data {
+            let data: u64 = s.chunks[..s.w].iter().map(|c| c.len as u64).sum();
+            self.written[s.segment as usize].fetch_add(data, Ordering::Relaxed);
+        }
         let mut vol: Option<Arc<VolumeState>> = None;
         for rec in &s.records {
             let Record::Write {
