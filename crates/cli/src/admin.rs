@@ -4,7 +4,8 @@
 //!
 //! Commands: `status` (pool, drives, counters, rebuild progress), `add` (a new file drive in
 //! the data dir joins the pool), `fail N` (take drive N out of service; the server's cleaner
-//! thread rebuilds), `readmit N` (put a failed drive that has not been rebuilt back in service).
+//! thread rebuilds after its grace delay), `remove N` (fail it and rebuild now), `readmit N`
+//! (put a failed drive that has not been rebuilt back in service).
 
 use anyhow::{bail, Context, Result};
 use flashpool_engine::Pool;
@@ -75,12 +76,20 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
                 path.display(), info.drive_count, info.k, info.m, info.capacity_bytes >> 20
             )})
         }),
+        Some("remove") => drive(words.get(1)).and_then(|i| {
+            pool.fail_drive(i)?;
+            let st = pool.rebuild()?;
+            Ok(serde_json::json!({"ok": format!(
+                "drive {i} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
+                st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
+            )}))
+        }),
         Some("readmit") => drive(words.get(1)).and_then(|i| {
             pool.readmit_drive(i)?;
             Ok(serde_json::json!({"ok": format!("drive {i} back in service")}))
         }),
         _ => Err(anyhow::anyhow!(
-            "unknown command {line:?}: status, add, fail N or readmit N"
+            "unknown command {line:?}: status, add, fail N, remove N or readmit N"
         )),
     };
     result.unwrap_or_else(|e| serde_json::json!({"error": format!("{e:#}")}))

@@ -1,4 +1,4 @@
-//! `flashpool drive list|add|fail|rebuild` against a data dir (not while a server holds it; a
+//! `flashpool drive list|add|fail|remove|rebuild` against a data dir (not while a server holds it; a
 //! running server rebuilds by itself when a drive fails).
 
 use crate::datadir;
@@ -20,8 +20,11 @@ pub struct DriveArgs {
 pub enum DriveCmd {
     /// List the pool's drives and their state.
     List,
-    /// Take a drive out of service (for tests and planned removal) and rebuild its data.
+    /// Mark a drive failed (as an I/O error would): the pool runs degraded, and a server
+    /// rebuilds its data after `--rebuild-delay` unless the drive is re-admitted first.
     Fail { index: usize },
+    /// Take a drive out of the pool now: rebuild its data onto the others and retire it.
+    Remove { index: usize },
     /// Rebuild the data of failed or missing drives onto the others.
     Rebuild,
     /// Add a drive (a new file in the data dir, the size of the others), also while serving:
@@ -65,7 +68,7 @@ pub fn run(a: DriveArgs) -> Result<()> {
                 println!("{:>3}  {:<8}  {}", d.index, d.state, d.identity);
             }
         }
-        DriveCmd::Fail { index } => {
+        DriveCmd::Fail { index } | DriveCmd::Remove { index } => {
             if index >= pool.info().drive_count {
                 bail!(
                     "no drive {index} (the pool has {} drives)",
@@ -119,6 +122,10 @@ fn online(a: &DriveArgs) -> Result<()> {
         }
         DriveCmd::Fail { index } => {
             let v = request(&a.data, &format!("fail {index}"))?;
+            println!("{}", v["ok"].as_str().unwrap_or("done"));
+        }
+        DriveCmd::Remove { index } => {
+            let v = request(&a.data, &format!("remove {index}"))?;
             println!("{}", v["ok"].as_str().unwrap_or("done"));
         }
         DriveCmd::Rebuild => println!("the server rebuilds by itself (see --rebuild-delay); `flashpool drive list` shows progress"),
