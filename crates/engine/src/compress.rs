@@ -1,8 +1,11 @@
 //! Inline compression of 4 KiB blocks, packed at 32-byte alignment.
 //!
-//! A stored block is either the raw 4096 bytes, or a 2-byte header (compressed length in the
-//! low 15 bits, bit 15 set for zstd, clear for lz4) followed by the compressed bytes, padded
-//! with zeros to a multiple of 32 bytes. A block is stored compressed only when that saves at
+//! A stored block is the raw 4096 bytes (at a 4 KiB-aligned place), the raw bytes plus their
+//! CRC32C in a 32-byte trailer (4128 bytes, when packing left it off alignment), or a 6-byte
+//! header (compressed length in the low 15 bits, bit 15 set for zstd, clear for lz4; the CRC32C
+//! of the 4 KiB block) followed by the compressed bytes, padded with zeros to a multiple of 32
+//! bytes. Every stored form but the aligned raw one checks the block's full CRC32C when read;
+//! an aligned raw block is checked against 24 bits of it kept in its map entry. A block is stored compressed only when that saves at
 //! least 1/8 of it; incompressible blocks are stored raw, never twice. When a volume's data
 //! keeps failing to compress, compression backs off: it skips a growing number of blocks
 //! (16 to 4096) between attempts, and says so in the counters.
@@ -13,6 +16,18 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
 
 /// Packing unit of stored blocks.
 pub const UNIT: usize = 32;
+/// Header of a compressed block: length and codec (2 bytes), CRC32C of the 4 KiB block (4).
+const HEADER: usize = 6;
+/// A raw block stored at an offset that is not 4 KiB-aligned (after packed ones) carries its
+/// CRC32C in a trailer: 4096 bytes, the CRC, zeros to the next 32 bytes.
+pub const RAW_WITH_CRC: usize = BLOCK + UNIT;
+
+/// The stored form of a raw block placed off 4 KiB alignment: the block and its CRC32C.
+pub fn raw_with_crc(block: &[u8], out: &mut [u8]) {
+    out[..BLOCK].copy_from_slice(block);
+    out[BLOCK..BLOCK + 4].copy_from_slice(&crc32c::crc32c(block).to_le_bytes());
+    out[BLOCK + 4..RAW_WITH_CRC].fill(0);
+}
 const ZSTD_BIT: u16 = 1 << 15;
 /// Store compressed only if at most this many bytes result (saves at least 1/8).
 const WORTH: usize = BLOCK - BLOCK / 8;
@@ -134,7 +149,7 @@ pub const SCRATCH: usize = 2 + lz4_flex::block::get_maximum_output_size(BLOCK) +
 pub fn encode(c: Compression, block: &[u8], out: &mut [u8]) -> Option<usize> {
     debug_assert_eq!(block.len(), BLOCK);
     debug_assert!(out.len() >= SCRATCH);
-    let body = &mut out[2..SCRATCH];
+    let body = &mut out[HEADER..SCRATCH];
     let (n, bit) = match c {
         Compression::Off => return None,
         Compression::Lz4 => (lz4_flex::block::compress_into(block, body).ok()?, 0),
@@ -143,29 +158,39 @@ pub fn encode(c: Compression, block: &[u8], out: &mut [u8]) -> Option<usize> {
             ZSTD_BIT,
         ),
     };
-    let stored = (n + 2).div_ceil(UNIT) * UNIT;
+    let stored = (n + HEADER).div_ceil(UNIT) * UNIT;
     if stored > WORTH {
         return None;
     }
     out[..2].copy_from_slice(&(n as u16 | bit).to_le_bytes());
-    out[n + 2..stored].fill(0);
+    out[2..HEADER].copy_from_slice(&crc32c::crc32c(block).to_le_bytes());
+    out[n + HEADER..stored].fill(0);
     Some(stored)
 }
 
 /// Expands a stored block into `out` (4096 bytes).
 pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
+    let bad = |why: &str| Error::corrupt(format!("stored block: {why}"));
     if stored.len() == BLOCK {
         out.copy_from_slice(stored);
         return Ok(());
     }
-    let bad = |why: &str| Error::corrupt(format!("compressed block: {why}"));
-    if stored.len() < 2 {
+    if stored.len() == RAW_WITH_CRC {
+        out.copy_from_slice(&stored[..BLOCK]);
+        let want = u32::from_le_bytes(stored[BLOCK..BLOCK + 4].try_into().expect("4 bytes"));
+        if crc32c::crc32c(out) != want {
+            return Err(bad("CRC32C mismatch"));
+        }
+        return Ok(());
+    }
+    if stored.len() < HEADER {
         return Err(bad("too short"));
     }
     let h = u16::from_le_bytes([stored[0], stored[1]]);
+    let want = u32::from_le_bytes(stored[2..HEADER].try_into().expect("4 bytes"));
     let n = (h & !ZSTD_BIT) as usize;
     let body = stored
-        .get(2..2 + n)
+        .get(HEADER..HEADER + n)
         .ok_or_else(|| bad("length past its slot"))?;
     let got = if h & ZSTD_BIT != 0 {
         zstd::bulk::decompress_to_buffer(body, out).map_err(|e| bad(&e.to_string()))?
@@ -174,6 +199,9 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
     };
     if got != BLOCK {
         return Err(bad("does not expand to 4096 bytes"));
+    }
+    if crc32c::crc32c(out) != want {
+        return Err(bad("CRC32C mismatch after decompression"));
     }
     Ok(())
 }

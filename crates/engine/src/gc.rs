@@ -114,12 +114,12 @@ impl Inner {
             let Some(c) = desc.chunks.get(chunk as usize) else {
                 continue;
             };
-            let here = Entry::Media {
-                drive: c.drive as u8,
-                offset: c.data_offset() + offset as u64,
-                len: len as u32,
-                tag: crc as u8,
-            };
+            let here = Entry::media(
+                c.drive as u8,
+                c.data_offset() + offset as u64,
+                len as u32,
+                crc,
+            );
             let Some(v) = self.volume_by_id(vol) else {
                 continue;
             };
@@ -146,13 +146,14 @@ impl Inner {
                 if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                     return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
                 }
-                let Some(pos) = open.append_block(v.id, lba, bytes, crc, flags) else {
+                let Some((pos, stored_len)) = open.append_block(v.id, lba, bytes, crc, flags)
+                else {
                     return Ok(None);
                 };
                 let new = Entry::Buffered {
                     seq: open.seq,
                     offset: pos,
-                    len: len as u32,
+                    len: stored_len,
                 };
                 let old = v.map.swap(lba, new.encode());
                 self.release(old);
@@ -218,13 +219,14 @@ impl Inner {
                     if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                         return Ok(Some(()));
                     }
-                    let Some(pos) = open.append_block(v.id, lba, &block, crc, 0) else {
+                    let Some((pos, stored_len)) = open.append_block(v.id, lba, &block, crc, 0)
+                    else {
                         return Ok(None);
                     };
                     let new = Entry::Buffered {
                         seq: open.seq,
                         offset: pos,
-                        len: block.len() as u32,
+                        len: stored_len,
                     };
                     let old = v.map.swap(lba, new.encode());
                     self.release(old);

@@ -13,11 +13,18 @@ pub const LEAF_ENTRIES: usize = 512;
 
 type Leaf = [AtomicU64; LEAF_ENTRIES];
 
-/// A decoded map entry. Encoding (u64): bits 62-63 kind (0 unmapped, 1 media, 2 buffered).
-/// Media: drive in bits 56-61, offset on the drive in 32-byte units in bits 16-55, stored length
-/// in 32-byte units in bits 9-15 (0 means 128, a whole 4 KiB block), bit 8 reserved, low 8 bits
-/// of the block's CRC32C in bits 0-7. Buffered: stripe sequence (low 34 bits) in bits 28-61,
-/// offset in the stripe buffer in 32-byte units in bits 7-27, stored length in bits 0-6.
+/// A decoded map entry. Encoding (u64), bits 62-63 kind:
+/// - 0 unmapped;
+/// - 1 packed media block: drive in bits 56-61, byte offset / 32 in bits 16-55, stored length
+///   / 32 in bits 8-15 (1 to 255), low 8 bits of the stored bytes' CRC32C in bits 0-7 (packed
+///   blocks also carry a full CRC32C in their own bytes, see `compress`);
+/// - 3 whole 4 KiB block at a 4 KiB-aligned offset (the common uncompressed case): drive in
+///   bits 56-61, offset / 4096 in bits 24-55, low 24 bits of the block's CRC32C in bits 0-23;
+/// - 2 buffered: stripe sequence (low 33 bits) in bits 29-61, offset in the stripe buffer / 32
+///   in bits 8-28, stored length / 32 in bits 0-7.
+///
+/// `Media::tag` holds the CRC bits the entry keeps (24 or 8); build entries with
+/// `Entry::media` from the full CRC32C and check reads with `Entry::tag_matches`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
     /// Never written or trimmed: reads as zeros.
@@ -27,29 +34,60 @@ pub enum Entry {
         drive: u8,
         offset: u64,
         len: u32,
-        tag: u8,
+        tag: u32,
     },
     /// Still in an open or in-flight stripe buffer.
     Buffered { seq: u64, offset: u32, len: u32 },
 }
 
 /// Mask of the stripe sequence bits a buffered entry keeps.
-pub const SEQ_MASK: u64 = (1 << 34) - 1;
+pub const SEQ_MASK: u64 = (1 << 33) - 1;
 
-fn len_units(len: u32) -> u64 {
-    debug_assert!(len > 0 && len <= 4096 && len.is_multiple_of(32));
-    ((len / 32) % 128) as u64
+const BLOCK: u64 = 4096;
+
+fn is_aligned_block(offset: u64, len: u32) -> bool {
+    len as u64 == BLOCK && offset.is_multiple_of(BLOCK) && offset / BLOCK < (1 << 32)
 }
 
-fn units_len(u: u64) -> u32 {
-    if u == 0 {
-        4096
-    } else {
-        u as u32 * 32
-    }
+fn units(len: u32) -> u64 {
+    debug_assert!(len > 0 && len.is_multiple_of(32) && len / 32 < 256);
+    (len / 32) as u64
 }
 
 impl Entry {
+    /// A media entry for a block stored at `offset` (`len` bytes) whose stored bytes have CRC32C
+    /// `crc`: it keeps 24 bits of the CRC for an aligned 4 KiB block, 8 for a packed one.
+    pub fn media(drive: u8, offset: u64, len: u32, crc: u32) -> Entry {
+        let tag = if is_aligned_block(offset, len) {
+            crc & 0xFF_FFFF
+        } else {
+            crc & 0xFF
+        };
+        Entry::Media {
+            drive,
+            offset,
+            len,
+            tag,
+        }
+    }
+
+    /// True when a block read back with CRC32C `crc` matches the bits this entry keeps.
+    pub fn tag_matches(&self, crc: u32) -> bool {
+        match *self {
+            Entry::Media {
+                offset, len, tag, ..
+            } => {
+                let mask = if is_aligned_block(offset, len) {
+                    0xFF_FFFF
+                } else {
+                    0xFF
+                };
+                crc & mask == tag
+            }
+            _ => false,
+        }
+    }
+
     /// Packs into the 8-byte in-memory and checkpoint form.
     pub fn encode(self) -> u64 {
         match self {
@@ -60,37 +98,60 @@ impl Entry {
                 len,
                 tag,
             } => {
-                debug_assert!(drive < 64 && offset % 32 == 0 && offset / 32 < (1 << 40));
-                (1 << 62)
-                    | ((drive as u64) << 56)
-                    | ((offset / 32) << 16)
-                    | (len_units(len) << 9)
-                    | tag as u64
+                debug_assert!(drive < 64);
+                if is_aligned_block(offset, len) {
+                    (3 << 62)
+                        | ((drive as u64) << 56)
+                        | ((offset / BLOCK) << 24)
+                        | (tag as u64 & 0xFF_FFFF)
+                } else {
+                    debug_assert!(offset % 32 == 0 && offset / 32 < (1 << 40));
+                    (1 << 62)
+                        | ((drive as u64) << 56)
+                        | ((offset / 32) << 16)
+                        | (units(len) << 8)
+                        | (tag as u64 & 0xFF)
+                }
             }
             Entry::Buffered { seq, offset, len } => {
                 debug_assert!(offset % 32 == 0 && offset / 32 < (1 << 21));
-                (2 << 62)
-                    | ((seq & SEQ_MASK) << 28)
-                    | (((offset / 32) as u64) << 7)
-                    | len_units(len)
+                (2 << 62) | ((seq & SEQ_MASK) << 29) | (((offset / 32) as u64) << 8) | units(len)
             }
         }
     }
 
-    /// Unpacks; `None` for an encoding no build ever writes (kind 3).
+    /// Unpacks; `None` for an encoding no build writes.
     pub fn decode(v: u64) -> Option<Entry> {
         Some(match v >> 62 {
-            0 => Entry::Unmapped,
-            1 => Entry::Media {
+            0 if v == 0 => Entry::Unmapped,
+            1 => {
+                let len = ((v >> 8) & 255) as u32 * 32;
+                if len == 0 {
+                    return None;
+                }
+                Entry::Media {
+                    drive: ((v >> 56) & 63) as u8,
+                    offset: ((v >> 16) & ((1 << 40) - 1)) * 32,
+                    len,
+                    tag: (v & 0xFF) as u32,
+                }
+            }
+            2 => {
+                let len = (v & 255) as u32 * 32;
+                if len == 0 {
+                    return None;
+                }
+                Entry::Buffered {
+                    seq: (v >> 29) & SEQ_MASK,
+                    offset: (((v >> 8) & ((1 << 21) - 1)) * 32) as u32,
+                    len,
+                }
+            }
+            3 => Entry::Media {
                 drive: ((v >> 56) & 63) as u8,
-                offset: ((v >> 16) & ((1 << 40) - 1)) * 32,
-                len: units_len((v >> 9) & 127),
-                tag: v as u8,
-            },
-            2 => Entry::Buffered {
-                seq: (v >> 28) & SEQ_MASK,
-                offset: (((v >> 7) & ((1 << 21) - 1)) * 32) as u32,
-                len: units_len(v & 127),
+                offset: ((v >> 24) & ((1 << 32) - 1)) * BLOCK,
+                len: BLOCK as u32,
+                tag: (v & 0xFF_FFFF) as u32,
             },
             _ => return None,
         })
@@ -271,18 +332,10 @@ mod tests {
     fn entry_round_trip() {
         let cases = [
             Entry::Unmapped,
-            Entry::Media {
-                drive: 63,
-                offset: (1u64 << 45) - 32,
-                len: 4096,
-                tag: 0xAB,
-            },
-            Entry::Media {
-                drive: 0,
-                offset: 1 << 20,
-                len: 96,
-                tag: 0,
-            },
+            Entry::media(63, (1u64 << 45) - 32, 4096, 0xDEAD_BEEF), // packed (unaligned) raw
+            Entry::media(2, (1u64 << 44) - 4096, 4096, 0xDEAD_BEEF), // aligned
+            Entry::media(0, 1 << 20, 96, 7),
+            Entry::media(5, 1 << 20, 4128, 0x1234_5678),
             Entry::Buffered {
                 seq: SEQ_MASK,
                 offset: (1 << 26) - 32,
@@ -291,13 +344,18 @@ mod tests {
             Entry::Buffered {
                 seq: 5,
                 offset: 0,
-                len: 32,
+                len: 4128,
             },
         ];
         for e in cases {
-            assert_eq!(Entry::decode(e.encode()), Some(e));
+            assert_eq!(Entry::decode(e.encode()), Some(e), "{e:?}");
         }
-        assert_eq!(Entry::decode(3 << 62), None);
+        assert_eq!(Entry::decode(1 << 62), None);
+        // Aligned blocks keep 24 CRC bits, packed ones 8.
+        let a = Entry::media(1, 8192, 4096, 0xAABB_CCDD);
+        assert!(a.tag_matches(0x11BB_CCDD) && !a.tag_matches(0xAABB_00DD));
+        let p = Entry::media(1, 8192 + 32, 4096, 0xAABB_CCDD);
+        assert!(p.tag_matches(0x0000_00DD));
     }
 
     #[test]

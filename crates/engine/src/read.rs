@@ -60,12 +60,25 @@ impl Inner {
     /// Reads the stored block at `offset` (`len` bytes: 4096 raw, less compressed) and
     /// expands it into `out`; rebuilds it from its stripe when the drive fails or the CRC tag
     /// does not match.
-    fn read_media(&self, d: usize, offset: u64, len: usize, tag: u8, out: &mut [u8]) -> Result<()> {
+    fn read_media(
+        &self,
+        d: usize,
+        offset: u64,
+        len: usize,
+        tag: u32,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let entry = Entry::Media {
+            drive: d as u8,
+            offset,
+            len: len as u32,
+            tag,
+        };
         if let Some(drive) = self.drives.get(d).and_then(|s| s.usable()) {
             let res = if len == BLOCK && offset.is_multiple_of(BLOCK as u64) {
                 drive
                     .read_at(offset, out)
-                    .map(|_| crc32c::crc32c(out) as u8 == tag)
+                    .map(|_| entry.tag_matches(crc32c::crc32c(out)))
             } else {
                 // A packed block (compressed, or raw after a compressed one): read the 4 KiB
                 // blocks around it.
@@ -78,7 +91,8 @@ impl Inner {
                 let at = (offset - start) as usize;
                 drive.read_at(start, tmp).map(|_| {
                     let stored = &tmp[at..at + len];
-                    crc32c::crc32c(stored) as u8 == tag && compress::decode(stored, out).is_ok()
+                    entry.tag_matches(crc32c::crc32c(stored))
+                        && compress::decode(stored, out).is_ok()
                 })
             };
             match res {
@@ -109,7 +123,7 @@ impl Inner {
         };
         let at = (offset - desc.chunks[j].data_offset()) as usize;
         let stored = &shards[j][at..at + len];
-        if crc32c::crc32c(stored) as u8 != tag {
+        if !entry.tag_matches(crc32c::crc32c(stored)) {
             return Err(Error::Unavailable(format!(
                 "block at drive {d} offset {offset} fails its CRC after reconstruction"
             )));

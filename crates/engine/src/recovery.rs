@@ -408,12 +408,12 @@ impl Inner {
                         )));
                     }
                     if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
-                        let e = Entry::Media {
-                            drive: c.drive as u8,
-                            offset: c.data_offset() + *offset as u64,
-                            len: *len as u32,
-                            tag: *crc as u8,
-                        };
+                        let e = Entry::media(
+                            c.drive as u8,
+                            c.data_offset() + *offset as u64,
+                            *len as u32,
+                            *crc,
+                        );
                         v.map.swap(*lba, e.encode());
                     }
                 }

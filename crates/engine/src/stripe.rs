@@ -8,6 +8,7 @@
 
 use crate::aligned::AlignedBuf;
 use crate::codec::ErasureCode;
+use crate::compress::{raw_with_crc, RAW_WITH_CRC};
 use crate::error::Result;
 use crate::format::header::{header_len, ChunkHeader, ChunkLoc, Record, StripeKind};
 use crate::format::{round_up_block, BLOCK};
@@ -148,8 +149,11 @@ impl OpenStripe {
         true
     }
 
-    /// Appends one stored block with its write record; returns its byte offset in the buffer,
-    /// or None when the stripe is full (seal, then retry).
+    /// Appends one stored block with its write record; returns its byte offset in the buffer
+    /// and its stored length, or None when the stripe is full (seal, then retry). A raw 4 KiB
+    /// block lands 4 KiB-aligned when it can; off alignment (after packed blocks) it is stored
+    /// with its CRC32C in a trailer, so every stored form but the aligned one carries a full
+    /// checksum.
     pub fn append_block(
         &mut self,
         vol: u32,
@@ -157,39 +161,53 @@ impl OpenStripe {
         data: &[u8],
         crc: u32,
         flags: u8,
-    ) -> Option<u32> {
-        debug_assert!(data.len() <= BLOCK && data.len().is_multiple_of(32));
-        let rec = Record::Write {
+    ) -> Option<(u32, u32)> {
+        debug_assert!(data.len() <= RAW_WITH_CRC && data.len().is_multiple_of(32));
+        let probe = Record::Write {
             vol,
             lba,
             chunk: 0,
             offset: 0,
             len: data.len() as u16,
-            flags: 0,
+            flags,
             crc,
         };
-        if !self.has_record_room(&rec) {
+        if !self.has_record_room(&probe) {
             return None;
         }
-        let (chunk, off) = self.place(data.len())?;
+        let raw = data.len() == BLOCK;
+        let want = if raw && !self.fill.is_multiple_of(BLOCK) {
+            RAW_WITH_CRC
+        } else {
+            data.len()
+        };
+        let (chunk, off) = self.place(want)?;
+        let trailer = raw && !off.is_multiple_of(BLOCK);
+        let len = if trailer { RAW_WITH_CRC } else { data.len() };
         let pos = self.data_pos(chunk, off);
-        {
+        let crc = {
             let mut g = self.buf.data.write();
             let b = g.as_mut().expect("open stripe owns its buffer");
-            b[pos..pos + data.len()].copy_from_slice(data);
-        }
-        self.fill += data.len();
+            if trailer {
+                raw_with_crc(data, &mut b[pos..pos + len]);
+                crc32c::crc32c(&b[pos..pos + len])
+            } else {
+                b[pos..pos + len].copy_from_slice(data);
+                crc
+            }
+        };
+        self.fill += len;
         let rec = Record::Write {
             vol,
             lba,
             chunk: chunk as u8,
             offset: off as u32,
-            len: data.len() as u16,
+            len: len as u16,
             flags,
             crc,
         };
         self.push_record(rec);
-        Some(pos as u32)
+        Some((pos as u32, len as u32))
     }
 
     /// Appends raw bytes (checkpoint payload); returns how many fit.

@@ -182,12 +182,12 @@ impl Inner {
                 offset: (s.data_pos(chunk as usize) + offset as usize) as u32,
                 len: len as u32,
             };
-            let media = Entry::Media {
-                drive: c.drive as u8,
-                offset: c.data_offset() + offset as u64,
-                len: len as u32,
-                tag: crc as u8,
-            };
+            let media = Entry::media(
+                c.drive as u8,
+                c.data_offset() + offset as u64,
+                len as u32,
+                crc,
+            );
             if v.map
                 .compare_exchange(lba, buffered.encode(), media.encode())
             {
@@ -319,13 +319,13 @@ impl Inner {
                     vol.name
                 )));
             }
-            let Some(pos) = open.append_block(vol.id, lba, stored, crc, flags) else {
+            let Some((pos, stored_len)) = open.append_block(vol.id, lba, stored, crc, flags) else {
                 return Ok(None);
             };
             let new = Entry::Buffered {
                 seq: open.seq,
                 offset: pos,
-                len: stored.len() as u32,
+                len: stored_len,
             };
             let old = vol.map.swap(lba, new.encode());
             self.release(old);

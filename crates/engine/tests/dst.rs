@@ -32,7 +32,6 @@
 //! - `FLASHPOOL_DST_START=S`    first seed (default 1; `random` picks one and prints it)
 //! - `FLASHPOOL_DST_OPS=N`      operations per seed (default 160)
 //! - `FLASHPOOL_DST_STRICT=1`   crashes may damage unflushed writes on every drive
-//! - `FLASHPOOL_DST_ALL=1`      also run the seeds in `KNOWN_FAILING` (skipped by default)
 //!
 //! Drive add plugs in through [`Op::AddDrive`]: generated, and counted as skipped until the
 //! harness wires the engine's drive add (`World::add_drive`).
@@ -1412,12 +1411,11 @@ impl World {
 // ---------------------------------------------------------------------------------------------
 // Driver
 
-/// Seeds of the default range (1–200) that fail on an open engine bug this harness found
-/// (finding 6 in docs/RELIABILITY.md). The default sweep skips them (so CI stays green until
-/// the engine is fixed) unless `FLASHPOOL_DST_ALL=1`; `issue5_known_failing_seeds` runs them.
-/// Findings 7–9 were fixed by commit ad867d3; their seeds (1, 38, 39, 46, 52, 60, 63, 72, 79,
-/// 97, 98, 122, 126, 130, 132, 148, 153, 165, 188, 190, 199) pass and run by default again.
-const KNOWN_FAILING: &[u64] = &[25];
+/// Seeds of the default range (1–200) that failed on engine bugs this harness found, kept as
+/// regression seeds: finding 6 (seed 25, fixed by full CRC32C checks on every read path) and
+/// findings 7–9 (fixed by ad867d3). The default sweep runs them like any other seed;
+/// `issue5_known_failing_seeds` runs them alone.
+const KNOWN_FAILING: &[u64] = &[25, 38, 72, 148];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -1576,16 +1574,9 @@ fn deterministic_simulation() {
     let mut total = Tally::default();
     let mut failures = Vec::new();
     let mut seed = start;
-    let all = std::env::var("FLASHPOOL_DST_ALL").is_ok_and(|v| v == "1");
-    let mut known = 0;
     while seed - start < count {
         if seconds.is_some_and(|s| t0.elapsed() >= Duration::from_secs(s)) {
             break;
-        }
-        if !all && KNOWN_FAILING.contains(&seed) {
-            known += 1;
-            seed += 1;
-            continue;
         }
         match run_seed(seed, ops, false) {
             Ok(t) => total.add(&t),
@@ -1610,7 +1601,7 @@ fn deterministic_simulation() {
          cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drive adds skipped; {} strict seeds \
-         ended read-only by design; {} known failing seeds skipped; {} failed",
+         ended read-only by design; {} failed",
         t.seeds,
         t.small_seeds,
         t0.elapsed().as_secs_f64(),
@@ -1651,7 +1642,6 @@ fn deterministic_simulation() {
         t.nospace_errors,
         t.add_drive_skipped,
         t.read_only_ends,
-        known,
         failures.len()
     );
     assert!(
@@ -1804,7 +1794,6 @@ fn degraded_read_after_segment_reuse() {
 /// (`read_media`) checks only those, so one corrupted block in 256 is returned as good: silent
 /// wrong data (DST seed 25, a bit flipped on write by a fault plan, read back after a rebuild).
 #[test]
-#[ignore = "bug: 8-bit CRC tag passes 1 in 256 corrupted blocks (finding 6)"]
 fn corrupted_block_with_matching_tag() {
     let (pool, mems, _sw) = small_pool(2, 1);
     pool.create_volume_with("v", 1 << 20, Compression::Off)
@@ -1874,10 +1863,9 @@ fn gc_everything_on_a_degraded_pool() {
     check(&pool, "v", size, 1).unwrap();
 }
 
-/// Finding 6: the seeds of the default range that still fail (see `KNOWN_FAILING`): seed 25,
-/// a bit flipped on write during a rebuild, read back as good through the 8-bit tag.
+/// Findings 6-9 regression seeds (see `KNOWN_FAILING`); seed 25 is a bit flipped on write
+/// during a rebuild, once read back as good through an 8-bit tag.
 #[test]
-#[ignore = "bug: 8-bit CRC tag passes 1 in 256 corrupted blocks (finding 6)"]
 fn issue5_known_failing_seeds() {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));

@@ -166,7 +166,7 @@ impl Record {
                 let offset = r.u16()? as u32 * 32;
                 let len = r.u16()?;
                 let crc = r.u32()?;
-                if len == 0 || len as usize > BLOCK {
+                if len == 0 || len as usize > BLOCK + 32 {
                     return Err(Error::corrupt(format!("write record of {len} bytes")));
                 }
                 Record::Write {
