@@ -16,6 +16,9 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
+# The deterministic simulation runs this many seeds (each seed is a pool, a workload, faults,
+# crashes and reopens); FLASHPOOL_DST_SECONDS=N runs it for as long as asked instead.
+export FLASHPOOL_DST_SEEDS=${FLASHPOOL_DST_SEEDS:-1500}
 cargo test --workspace
 
 step "short fuzz run (libFuzzer via cargo-fuzz when installed)"
