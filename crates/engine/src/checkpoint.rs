@@ -21,11 +21,8 @@ impl Inner {
         let _one_at_a_time = self.cp_lock.lock();
         self.check_failed()?;
         let mut w = self.writer.lock();
-        for stream in [Stream::Data, Stream::Gc] {
-            if let Some(o) = w.slot(stream).take() {
-                let s = self.seal(&mut w, o, stream);
-                self.write_stripe(s)?;
-            }
+        for s in self.seal_all(&mut w) {
+            self.write_stripe(s)?;
         }
         self.wait_written(w.next_seq - 1)?;
 

@@ -114,12 +114,7 @@ impl Inner {
             let Some(c) = desc.chunks.get(chunk as usize) else {
                 continue;
             };
-            let here = Entry::media(
-                c.drive as u8,
-                c.data_offset() + offset as u64,
-                len as u32,
-                crc,
-            );
+            let here = Entry::in_chunk(c, offset, len, crc);
             let Some(v) = self.volume_by_id(vol) else {
                 continue;
             };
@@ -146,19 +141,11 @@ impl Inner {
                 if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                     return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
                 }
-                let Some((pos, stored_len)) = open.append_block(v.id, lba, bytes, crc, flags)
-                else {
-                    return Ok(None);
-                };
-                let new = Entry::Buffered {
-                    seq: open.seq,
-                    offset: pos,
-                    len: stored_len,
-                };
-                let old = v.map.swap(lba, new.encode());
-                self.release(old);
-                Stats::add(&self.stats.gc_relocated_bytes, len as u64);
-                Ok(Some(()))
+                let moved = self.append_mapped(open, &v, lba, bytes, crc, flags);
+                if moved.is_some() {
+                    Stats::add(&self.stats.gc_relocated_bytes, len as u64);
+                }
+                Ok(moved)
             })?;
         }
         Ok(())
@@ -219,19 +206,11 @@ impl Inner {
                     if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                         return Ok(Some(()));
                     }
-                    let Some((pos, stored_len)) = open.append_block(v.id, lba, &block, crc, 0)
-                    else {
-                        return Ok(None);
-                    };
-                    let new = Entry::Buffered {
-                        seq: open.seq,
-                        offset: pos,
-                        len: stored_len,
-                    };
-                    let old = v.map.swap(lba, new.encode());
-                    self.release(old);
-                    Stats::add(&self.stats.gc_relocated_bytes, block.len() as u64);
-                    Ok(Some(()))
+                    let moved = self.append_mapped(open, &v, lba, &block, crc, 0);
+                    if moved.is_some() {
+                        Stats::add(&self.stats.gc_relocated_bytes, block.len() as u64);
+                    }
+                    Ok(moved)
                 })?;
             }
         }

@@ -11,7 +11,6 @@ use crate::aligned::AlignedBuf;
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::superblock::{validate_geometry, Superblock, MAX_DRIVES, MEMBER_ACTIVE};
-use crate::layout::Stream;
 use crate::pool::{DriveSlot, Pool};
 use std::sync::atomic::Ordering;
 
@@ -23,11 +22,8 @@ impl Pool {
         let _one_checkpoint = inner.cp_lock.lock();
         let mut w = inner.writer.lock();
         // Everything accepted so far goes to the drives under the old geometry.
-        for stream in [Stream::Data, Stream::Gc] {
-            if let Some(o) = w.slot(stream).take() {
-                let s = inner.seal(&mut w, o, stream);
-                inner.write_stripe(s)?;
-            }
+        for s in inner.seal_all(&mut w) {
+            inner.write_stripe(s)?;
         }
         inner.wait_written(w.next_seq - 1)?;
         let n = inner.drives.len() + 1;

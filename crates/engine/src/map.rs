@@ -71,6 +71,17 @@ impl Entry {
         }
     }
 
+    /// The media entry of a block a write record places in chunk `c` at byte `offset` of its
+    /// data, `len` stored bytes with CRC32C `crc`.
+    pub fn in_chunk(c: &crate::format::header::ChunkLoc, offset: u32, len: u16, crc: u32) -> Entry {
+        Entry::media(
+            c.drive as u8,
+            c.data_offset() + offset as u64,
+            len as u32,
+            crc,
+        )
+    }
+
     /// True when a block read back with CRC32C `crc` matches the bits this entry keeps.
     pub fn tag_matches(&self, crc: u32) -> bool {
         match *self {

@@ -97,9 +97,8 @@ impl DriveSlot {
             MEMBER_ACTIVE
         }
     }
-}
 
-impl DriveSlot {
+    /// The drive, unless it is out of service or absent.
     pub fn usable(&self) -> Option<&DriveRef> {
         if self.failed.load(Ordering::Relaxed) {
             return None;

@@ -408,12 +408,7 @@ impl Inner {
                         )));
                     }
                     if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
-                        let e = Entry::media(
-                            c.drive as u8,
-                            c.data_offset() + *offset as u64,
-                            *len as u32,
-                            *crc,
-                        );
+                        let e = Entry::in_chunk(c, *offset, *len, *crc);
                         v.map.swap(*lba, e.encode());
                     }
                 }

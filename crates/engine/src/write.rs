@@ -182,12 +182,7 @@ impl Inner {
                 offset: (s.data_pos(chunk as usize) + offset as usize) as u32,
                 len: len as u32,
             };
-            let media = Entry::media(
-                c.drive as u8,
-                c.data_offset() + offset as u64,
-                len as u32,
-                crc,
-            );
+            let media = Entry::in_chunk(c, offset, len, crc);
             if v.map
                 .compare_exchange(lba, buffered.encode(), media.encode())
             {
@@ -319,22 +314,33 @@ impl Inner {
                     vol.name
                 )));
             }
-            let Some((pos, stored_len)) = open.append_block(vol.id, lba, stored, crc, flags) else {
-                return Ok(None);
-            };
-            let new = Entry::Buffered {
-                seq: open.seq,
-                offset: pos,
-                len: stored_len,
-            };
-            let old = vol.map.swap(lba, new.encode());
-            self.release(old);
-            Ok(Some(()))
+            Ok(self.append_mapped(open, vol, lba, stored, crc, flags))
         })?;
         vol.logical_written.add(data.len() as u64);
         vol.stored_written.add(stored.len() as u64);
         Stats::add(&self.stats.host_write_bytes, host_bytes);
         Ok(())
+    }
+
+    /// Appends a stored block of volume `v` to `open` and points the map at it (releasing
+    /// what it pointed at before); None when the stripe has no room.
+    pub(crate) fn append_mapped(
+        &self,
+        open: &mut OpenStripe,
+        v: &VolumeState,
+        lba: u64,
+        stored: &[u8],
+        crc: u32,
+        flags: u8,
+    ) -> Option<()> {
+        let (pos, len) = open.append_block(v.id, lba, stored, crc, flags)?;
+        let new = Entry::Buffered {
+            seq: open.seq,
+            offset: pos,
+            len,
+        };
+        self.release(v.map.swap(lba, new.encode()));
+        Some(())
     }
 
     /// Unmaps blocks `[lba, lba + count)` of a volume, logging a trim record.
@@ -481,13 +487,19 @@ impl Inner {
     /// sequence number assigned so far.
     pub(crate) fn seal_open_stripes(&self) -> (u64, Vec<SealedStripe>) {
         let mut w = self.writer.lock();
+        let sealed = self.seal_all(&mut w);
+        (w.next_seq - 1, sealed)
+    }
+
+    /// Seals the open stripes of the data and GC streams (the caller holds the writer lock).
+    pub(crate) fn seal_all(&self, w: &mut WriterState) -> Vec<SealedStripe> {
         let mut sealed = Vec::new();
         for stream in [Stream::Data, Stream::Gc] {
             if let Some(o) = w.slot(stream).take() {
-                sealed.push(self.seal(&mut w, o, stream));
+                sealed.push(self.seal(w, o, stream));
             }
         }
-        (w.next_seq - 1, sealed)
+        sealed
     }
 
     /// Makes every write completed before this call durable.
