@@ -334,55 +334,8 @@ fn payload(stamp: u64, len: u64) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // Counters
 
-/// Faults the drives injected (from each [`FaultSwitch`]'s counters).
-#[derive(Default, Clone, Debug)]
-struct DriveFaults {
-    read_errors: u64,
-    write_errors: u64,
-    flush_errors: u64,
-    torn_writes: u64,
-    bit_flips: u64,
-    corrupt_reads: u64,
-    latency_spikes: u64,
-    vanishes: u64,
-}
-
-impl DriveFaults {
-    fn absorb(&mut self, s: &FaultSwitch) {
-        let c = &s.counters;
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        self.read_errors += l(&c.read_errors);
-        self.write_errors += l(&c.write_errors);
-        self.flush_errors += l(&c.flush_errors);
-        self.torn_writes += l(&c.torn_writes);
-        self.bit_flips += l(&c.bit_flips);
-        self.corrupt_reads += l(&c.corrupt_reads);
-        self.latency_spikes += l(&c.latency_spikes);
-        self.vanishes += l(&c.vanishes);
-    }
-
-    fn total(&self) -> u64 {
-        self.read_errors
-            + self.write_errors
-            + self.flush_errors
-            + self.torn_writes
-            + self.bit_flips
-            + self.corrupt_reads
-            + self.latency_spikes
-            + self.vanishes
-    }
-
-    fn add(&mut self, o: &DriveFaults) {
-        self.read_errors += o.read_errors;
-        self.write_errors += o.write_errors;
-        self.flush_errors += o.flush_errors;
-        self.torn_writes += o.torn_writes;
-        self.bit_flips += o.bit_flips;
-        self.corrupt_reads += o.corrupt_reads;
-        self.latency_spikes += o.latency_spikes;
-        self.vanishes += o.vanishes;
-    }
-}
+/// Faults the drives injected: the sum of every [`FaultSwitch`]'s counters.
+type DriveFaults = flashpool_engine::drive::FaultCountersSnapshot;
 
 #[derive(Default, Clone, Debug)]
 struct Tally {
@@ -544,7 +497,7 @@ impl World {
                 s.corrupt_reads
                     .store(o.corrupt_reads.load(Ordering::SeqCst), Ordering::SeqCst);
                 // A vanished drive is back; random plans end with the process.
-                self.tally.drive_faults.absorb(o);
+                self.tally.drive_faults.add(&o.counters.snapshot());
             }
             self.switches.push(s);
             if !self.missing.contains(&i) {
@@ -1402,7 +1355,7 @@ impl World {
         self.crash(self.seed ^ 0xC0FFEE, 50, 10, true)?;
         drop(self.take_pool());
         for s in &self.switches {
-            self.tally.drive_faults.absorb(s);
+            self.tally.drive_faults.add(&s.counters.snapshot());
         }
         Ok(())
     }
