@@ -8,6 +8,9 @@ cd "$(dirname "$0")"
 SECS=${1:-30}
 TARGETS=(nbd_handshake nbd_request decode_formats open_corrupt_pool)
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
+    # The corpus checks and a few random inputs on stable first (cheap, and they name a
+    # missing seed corpus, which libFuzzer only reports as "No such file or directory").
+    FUZZ_CASES=200 cargo test --release --test random_inputs
     for t in "${TARGETS[@]}"; do
         mkdir -p "corpus-new/$t"
         echo "== $t (${SECS}s)"

@@ -141,3 +141,25 @@ fn patch(d: &MemDrive, off: u64, bytes: &[u8]) {
     }
     d.write_at(start, &b).unwrap();
 }
+
+/// Valid encodings of every on-disk structure, the seeds of `decode_formats`: drive 0's
+/// superblock, the first chunk header of the pool's first segment, and a small checkpoint.
+/// `cargo run --example write_seeds` writes them to corpus/decode_formats/.
+pub fn decode_formats_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use flashpool_engine::format::checkpoint::CheckpointWriter;
+    let d = &pool_images()[0];
+    let mut sb = flashpool_engine::aligned::AlignedBuf::zeroed(4096);
+    d.read_at(0, &mut sb).unwrap();
+    let mut hdr = flashpool_engine::aligned::AlignedBuf::zeroed(4096);
+    d.read_at(1 << 20, &mut hdr).unwrap();
+    let mut cp = CheckpointWriter::new(2, &[0, 1, 2, 0], 1);
+    cp.volume(1, "v", 256 << 10, 1);
+    cp.run(0, &[0x0100_0000_0000_0101, 0x0300_0000_0100_0002]);
+    cp.run(9, &[0x0100_0000_0000_4201]);
+    cp.end_volume();
+    vec![
+        ("superblock", sb.to_vec()),
+        ("chunk_header", hdr.to_vec()),
+        ("checkpoint", cp.finish()),
+    ]
+}
