@@ -49,17 +49,19 @@ impl Pool {
         validate_geometry(&geo).map_err(Error::invalid)?;
         let generation = {
             let mut sb = inner.sb.lock();
-            sb.members.push(*uuid::Uuid::new_v4().as_bytes());
-            sb.generation += 1;
+            // The pool's member list changes only once the new drive holds its superblock: a
+            // write error on the new drive leaves the pool as it was.
+            let mut members = sb.members.clone();
+            members.push(*uuid::Uuid::new_v4().as_bytes());
             let mut states: Vec<u8> = inner.drives.iter().map(DriveSlot::state).collect();
             states.push(MEMBER_ACTIVE);
             let first = Superblock {
                 pool_uuid: inner.uuid,
                 drive_index: (n - 1) as u16,
-                members: sb.members.clone(),
+                members,
                 member_state: states,
                 geometry: geo.clone(),
-                generation: sb.generation,
+                generation: sb.generation + 1,
                 checkpoint: sb.checkpoint.clone(),
             };
             new.write_at(0, &AlignedBuf::zeroed(8192))?;
@@ -67,6 +69,8 @@ impl Pool {
             b.copy_from_slice(&first.encode());
             new.write_at(Superblock::slot_offset(first.generation), &b)?;
             new.flush()?;
+            sb.members = first.members;
+            sb.generation = first.generation;
             sb.generation
         };
         inner

@@ -118,3 +118,41 @@ fn add_a_drive_online_under_writes() {
         assert!(b == block_for(2000 + l), "block {l} after reopen");
     }
 }
+
+/// A drive that refuses writes is not added: the pool keeps its members (a checkpoint and a
+/// reopen without the drive work), and a healthy drive can be added afterwards.
+#[test]
+fn a_drive_that_fails_its_superblock_write_is_not_added() {
+    use flashpool_engine::drive::FaultDrive;
+    use std::sync::atomic::Ordering;
+    let mems = mem_drives(3, false);
+    let pool = Pool::create(as_refs(&mems), &small_config(2, 1)).unwrap();
+    pool.create_volume_with("v", 1 << 20, Compression::Off)
+        .unwrap();
+    let vol = pool.volume("v").unwrap();
+    vol.write(0, &block_for(1)).unwrap();
+    let (bad, switch) = FaultDrive::new(Arc::new(MemDrive::new(DRIVE_SIZE, "mem:bad")) as DriveRef);
+    switch.fail_writes.store(true, Ordering::SeqCst);
+    assert!(pool.add_drive_online(bad as DriveRef).is_err());
+    assert_eq!(pool.drives().len(), 3);
+    assert_eq!(pool.info().drive_count, 3);
+    pool.checkpoint().unwrap();
+    pool.close().unwrap();
+    drop(vol);
+    drop(pool);
+
+    let pool = Pool::open(as_refs(&mems)).unwrap();
+    assert_eq!(pool.info().drive_count, 3);
+    let good = Arc::new(MemDrive::new(DRIVE_SIZE, "mem:good"));
+    pool.add_drive_online(good.clone() as DriveRef).unwrap();
+    assert_eq!(pool.info().drive_count, 4);
+    let mut b = vec![0u8; 4096];
+    pool.volume("v").unwrap().read(0, &mut b).unwrap();
+    assert!(b == block_for(1));
+    pool.close().unwrap();
+    drop(pool);
+    let mut all = as_refs(&mems);
+    all.push(good as DriveRef);
+    let pool = Pool::open(all).unwrap();
+    assert_eq!(pool.info().drive_count, 4);
+}
