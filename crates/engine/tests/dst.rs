@@ -33,8 +33,9 @@
 //! - `FLASHPOOL_DST_OPS=N`      operations per seed (default 160)
 //! - `FLASHPOOL_DST_STRICT=1`   crashes may damage unflushed writes on every drive
 //!
-//! Drive add plugs in through [`Op::AddDrive`]: generated, and counted as skipped until the
-//! harness wires the engine's drive add (`World::add_drive`).
+//! Drives are also added online ([`Op::AddDrive`]: a fresh tracked drive joins the open pool,
+//! new stripes get wider, and the new drive is inside the fault budget and the crashes from
+//! then on).
 
 use flashpool_engine::drive::{CrashFate, Drive, DriveRef, FaultDrive, FaultSwitch, MemDrive};
 use flashpool_engine::format::superblock::{MEMBER_ACTIVE, MEMBER_RETIRED};
@@ -124,7 +125,7 @@ enum Op {
         policy: GcPolicy,
         target: GcTarget,
     },
-    /// Issue 5 hook, skipped: the engine cannot add a drive yet.
+    /// Add a fresh drive to the open pool (skipped once the pool has k + m + 3 drives).
     AddDrive,
     /// Relocate the live data of failed or missing drives and retire them.
     Rebuild,
@@ -373,6 +374,7 @@ struct Tally {
     engine_compressed_blocks: u64,
     engine_compressed_stored: u64,
     engine_checkpoints: u64,
+    drives_added: u64,
     add_drive_skipped: u64,
     /// Strict-mode seeds that ended on a pool read-only by design (m of n - retired faulty).
     read_only_ends: u64,
@@ -1246,10 +1248,39 @@ impl World {
         self.verify_current("after gc")
     }
 
-    /// Issue 5 hook: add a fresh drive to the pool (the engine cannot yet).
+    /// Adds a fresh drive to the open pool. Once the pool records it as a member, it is one
+    /// of the world's drives for good: faults may pick it, crashes may damage its unflushed
+    /// writes, and every later open includes it.
     fn add_drive(&mut self) -> Check {
-        self.tally.add_drive_skipped += 1;
-        Ok(())
+        let n = self.mems.len();
+        if n >= self.k + self.m + 3 {
+            self.tally.add_drive_skipped += 1;
+            return Ok(());
+        }
+        let size = self.mems[0].info().size;
+        let mem = Arc::new(MemDrive::tracked(size, format!("mem:{n}")));
+        let (d, s) = FaultDrive::new(mem.clone() as DriveRef);
+        let before = self.pool().drives().len();
+        let r = self.pool().add_drive_online(d as DriveRef);
+        let after = self.pool().drives().len();
+        if after > before {
+            if after != n + 1 {
+                return fail(format!(
+                    "drive add: the pool has {after} drives, the world {}",
+                    n + 1
+                ));
+            }
+            self.mems.push(mem);
+            self.switches.push(s);
+            self.tally.drives_added += 1;
+        }
+        match r {
+            Ok(()) if after > before => {}
+            Ok(()) => return fail("drive add returned Ok but the pool has no new drive"),
+            Err(Error::NoSpace) => self.nospace("drive add")?,
+            Err(e) => return fail(format!("drive add: {e}")),
+        }
+        self.verify_current("after drive add")
     }
 
     /// Rebuilds whatever depended on failed or missing drives; the drives the engine retires
@@ -1486,6 +1517,7 @@ impl Tally {
         self.engine_compressed_blocks += o.engine_compressed_blocks;
         self.engine_compressed_stored += o.engine_compressed_stored;
         self.engine_checkpoints += o.engine_checkpoints;
+        self.drives_added += o.drives_added;
         self.add_drive_skipped += o.add_drive_skipped;
         self.read_only_ends += o.read_only_ends;
     }
@@ -1553,7 +1585,8 @@ fn deterministic_simulation() {
          GC: {} explicit runs cleaning {} segments, engine {} cleaner passes, {} segments \
          cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
-         compressed in {} MiB; {} ENOSPC answers on a full pool; {} drive adds skipped; {} strict seeds \
+         compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
+         k + m + 3 drives); {} strict seeds \
          ended read-only by design; {} failed",
         t.seeds,
         t.small_seeds,
@@ -1593,6 +1626,7 @@ fn deterministic_simulation() {
         t.engine_compressed_blocks,
         t.engine_compressed_stored >> 20,
         t.nospace_errors,
+        t.drives_added,
         t.add_drive_skipped,
         t.read_only_ends,
         failures.len()
