@@ -102,14 +102,17 @@ pub fn pool_config(k: usize, m: usize, drive_size: u64) -> PoolConfig {
 /// when the dir holds none.
 pub fn open_or_create(dir: &Path, shape: &PoolShape, default_volume: u64) -> Result<DataDir> {
     if shape.memory {
-        let drives: Vec<DriveRef> = (0..shape.drives)
-            .map(|i| {
-                // Touch every page now: page faults would otherwise land on the write path.
-                let d = MemDrive::new(shape.drive_size, format!("mem:{i}"));
-                d.prefault();
-                Arc::new(d) as DriveRef
-            })
+        let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
+            .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))
             .collect();
+        // Touch every page now (one thread per drive): page faults would otherwise land on
+        // the write path.
+        std::thread::scope(|s| {
+            for d in &mems {
+                s.spawn(|| d.prefault());
+            }
+        });
+        let drives: Vec<DriveRef> = mems.into_iter().map(|d| d as DriveRef).collect();
         let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
         pool.create_volume("default", default_volume)?;
         return Ok(DataDir {
