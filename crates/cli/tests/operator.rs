@@ -164,6 +164,11 @@ fn wrong_flags_and_bad_sizes() {
             &["too small", "small"],
         ),
         (
+            "busy poll too long",
+            &["serve", "--data", d, "--busy-poll-us", "2000000"],
+            &["2000000", "busy-poll-us"],
+        ),
+        (
             "no pool",
             &["volume", "--data", d, "list"],
             &["holds no pool"],

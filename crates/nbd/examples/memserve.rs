@@ -7,7 +7,8 @@
 //! `--listen HOST:PORT` (default 127.0.0.1:10809), `--socket PATH`, `--stdio`,
 //! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
 //! `default`, which also answers to the empty name), `--no-tcp`,
-//! `--workers N` (requests in flight per connection: `max_in_flight_per_connection`).
+//! `--workers N` (requests in flight per connection: `max_in_flight_per_connection`),
+//! `--busy-poll-us N` (`Config::busy_poll`).
 //! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
 
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ struct Args {
     size: u64,
     exports: Vec<String>,
     workers: Option<usize>,
+    busy_poll_us: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -51,6 +53,7 @@ fn parse_args() -> Result<Args, String> {
         size: 1 << 30,
         exports: vec!["default".into()],
         workers: None,
+        busy_poll_us: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -63,11 +66,16 @@ fn parse_args() -> Result<Args, String> {
             "--no-tcp" => a.no_tcp = true,
             "--size" => a.size = parse_size(&val("--size")?)?,
             "--export" => a.exports.push(val("--export")?),
+            "--busy-poll-us" => {
+                a.busy_poll_us = val("--busy-poll-us")?
+                    .parse()
+                    .map_err(|_| "bad --busy-poll-us")?
+            }
             "--workers" => {
                 a.workers = Some(val("--workers")?.parse().map_err(|_| "bad --workers")?)
             }
             "-h" | "--help" => {
-                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]... [--workers N]");
+                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]... [--workers N] [--busy-poll-us N]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument '{other}'")),
@@ -108,6 +116,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     set.set_default("default");
     let mut config = Config::default();
+    config.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
     if let Some(w) = args.workers {
         config.max_in_flight_per_connection = w;
     }

@@ -367,6 +367,7 @@ fn serve_connection(shared: &Shared, t: Transport) {
         mut writer,
         closer,
         peer,
+        poll_fd,
     } = t;
     let mut r = BufReader::with_capacity(HANDSHAKE_BUFFER, reader);
     match handshake::negotiate(
@@ -387,6 +388,9 @@ fn serve_connection(shared: &Shared, t: Transport) {
                 max_in_flight: shared.config.max_in_flight_per_connection,
                 max_helpers: shared.config.helper_threads_per_connection,
                 max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
+                busy_poll: poll_fd
+                    .filter(|_| !shared.config.busy_poll.is_zero())
+                    .map(|fd| (fd, shared.config.busy_poll)),
             };
             transmission::serve(r, writer, &session, limits, &*closer);
         }

@@ -57,6 +57,9 @@ pub struct Limits {
     /// Helper threads for FLUSH and FUA requests.
     pub max_helpers: usize,
     pub max_buffer_bytes: u64,
+    /// Busy polling (`Config::busy_poll`): the connection's socket and how long to poll it
+    /// before sleeping in `recv`; None never polls.
+    pub busy_poll: Option<(std::os::fd::RawFd, std::time::Duration)>,
 }
 
 /// A reply and the budget bytes it holds until written.
@@ -186,14 +189,50 @@ impl InBuf {
         }
     }
 
-    /// One `read` into the free space (after moving a partial request to
-    /// the front). `Ok(0)`: end of stream.
-    fn fill<R: Read>(&mut self, r: &mut R) -> io::Result<usize> {
+    /// Moves a partial request to the front of the buffer.
+    fn compact(&mut self) {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
+    }
+
+    /// Busy polling: non-blocking reads of socket `fd` until bytes arrive (true) or
+    /// `how_long` has passed, the stream ended or failed (false: the blocking `fill` that
+    /// follows sees the end or the error).
+    fn poll(&mut self, fd: std::os::fd::RawFd, how_long: std::time::Duration) -> bool {
+        self.compact();
+        let t0 = std::time::Instant::now();
+        loop {
+            let room = &mut self.buf[self.end..];
+            if room.is_empty() {
+                return false;
+            }
+            // SAFETY: `fd` is this connection's open socket (Transport::poll_fd, valid while
+            // its reader lives, which outlives this loop); recv writes at most `room.len()`
+            // bytes into `room`, memory we own exclusively here.
+            let n =
+                unsafe { libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT) };
+            if n > 0 {
+                self.end += n as usize;
+                return true;
+            }
+            let again = n < 0 && {
+                let e = io::Error::last_os_error().kind();
+                e == io::ErrorKind::WouldBlock || e == io::ErrorKind::Interrupted
+            };
+            if !again || t0.elapsed() >= how_long {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// One `read` into the free space (after moving a partial request to
+    /// the front). `Ok(0)`: end of stream.
+    fn fill<R: Read>(&mut self, r: &mut R) -> io::Result<usize> {
+        self.compact();
         if self.end == self.buf.len() {
             // Cannot happen: callers only ask for more when a request does
             // not fit; guard against a stall anyway.
@@ -354,6 +393,11 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             // Nothing complete left: answer, then wait for more.
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());
+            }
+            if let Some((fd, how_long)) = self.limits.busy_poll {
+                if inb.poll(fd, how_long) {
+                    continue;
+                }
             }
             if inb.fill(r)? == 0 {
                 if inb.avail().is_empty() {

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
@@ -17,6 +17,9 @@ pub struct Transport {
     pub writer: Box<dyn Write + Send>,
     pub closer: Closer,
     pub peer: String,
+    /// The socket, for non-blocking reads while busy polling (None: cannot poll). It stays
+    /// valid as long as `reader` lives.
+    pub poll_fd: Option<RawFd>,
 }
 
 impl Transport {
@@ -29,6 +32,7 @@ impl Transport {
             .unwrap_or_else(|_| "tcp".into());
         let w = s.try_clone()?;
         let c = s.try_clone()?;
+        let poll_fd = Some(s.as_raw_fd());
         Ok(Transport {
             reader: Box::new(s),
             writer: Box::new(w),
@@ -36,6 +40,7 @@ impl Transport {
                 let _ = c.shutdown(how);
             }),
             peer,
+            poll_fd,
         })
     }
 
@@ -43,6 +48,7 @@ impl Transport {
     pub fn unix(s: UnixStream) -> io::Result<Self> {
         let w = s.try_clone()?;
         let c = s.try_clone()?;
+        let poll_fd = Some(s.as_raw_fd());
         Ok(Transport {
             reader: Box::new(s),
             writer: Box::new(w),
@@ -50,6 +56,7 @@ impl Transport {
                 let _ = c.shutdown(how);
             }),
             peer: "unix".into(),
+            poll_fd,
         })
     }
 
@@ -80,6 +87,7 @@ impl Transport {
                 unsafe { libc::shutdown(cfd.as_raw_fd(), how) };
             }),
             peer: "stdio".into(),
+            poll_fd: None,
         })
     }
 }

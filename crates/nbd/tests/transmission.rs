@@ -365,3 +365,39 @@ fn multi_conn_flush_covers_other_connections() {
     assert_eq!(ch.kind, REPLY_TYPE_OFFSET_DATA);
     assert_eq!(&ch.data[8..], &d[..]);
 }
+
+/// Busy polling changes only how the connection thread waits: requests split across sends,
+/// gaps shorter and longer than the poll window, a client that leaves while the server
+/// polls, and a shutdown while it polls all behave as without it.
+#[test]
+fn busy_polling_serves_like_blocking_reads() {
+    use std::time::Duration;
+    let srv = TestServer::start_with(Config {
+        busy_poll: Duration::from_millis(3),
+        ..Config::default()
+    });
+    let mut a = Raw::connect(&srv, false, false);
+    for i in 0..40u64 {
+        let d = pattern(4096, i as u8);
+        if i % 4 == 1 {
+            // Header now, payload after a pause inside (or past) the poll window.
+            a.request(0, CMD_WRITE, i, i * 4096, 4096, &[]);
+            std::thread::sleep(Duration::from_millis(if i % 8 == 1 { 1 } else { 6 }));
+            a.send(&d);
+            assert_eq!(a.simple(), (0, i));
+        } else {
+            assert_eq!(a.write(i, i * 4096, &d), 0);
+        }
+        if i % 10 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(a.read_simple(1000 + i, i * 4096, 4096).unwrap(), d);
+    }
+    // A client that leaves while its server polls: the connection ends cleanly.
+    let mut gone = Raw::connect(&srv, false, false);
+    assert_eq!(gone.write(1, 0, &pattern(4096, 7)), 0);
+    drop(gone);
+    // Shutdown while `a` polls or sleeps returns and closes it.
+    srv.stop();
+    assert!(a.closed_by_server());
+}
