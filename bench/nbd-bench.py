@@ -97,7 +97,10 @@ def report(a):
     out.append("```")
     out.append("")
     out.append(f"{a.setup}. {a.versions}. Servers: `flashpool serve --memory --ec 4+1` "
-               "(memory drives, 4+1 parity, 1 GiB volume), nbdkit `null` and `memory` plugins, "
+               "(memory drives, 4+1 parity, 1 GiB volume; `flashpool` on drives large enough "
+               "that the pool never cleans during a run, `flashpool-gc` on drives small enough "
+               "that the volume fills 60 % of the pool and every randwrite run cleans, `flashpool-poll` "
+               "as `flashpool` with `--busy-poll-us`), nbdkit `null` and `memory` plugins, "
                "`qemu-nbd -f raw -t -e 4 --cache=none --aio=io_uring` on a /dev/shm file; every "
                "export prefilled (except null) so reads hit data. Server CPU = utime+stime from "
                "`/proc/PID/stat` over fio's measured window / I/Os completed in it. "
@@ -146,7 +149,8 @@ def report(a):
 
     # flashpool is what the targets are about; memserve (front-end alone,
     # no engine) shows which side of the server a miss comes from.
-    for who in [w for w in ("flashpool", "memserve") if w in servers]:
+    for who in [w for w in ("flashpool", "flashpool-poll", "flashpool-gc", "memserve")
+                if w in servers]:
         for rw in rws:
             def r(qd, den, key):
                 return ratios(rw, qd, den, key, who)
