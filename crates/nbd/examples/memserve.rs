@@ -115,8 +115,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         disks.push((image, disk));
     }
     set.set_default("default");
-    let mut config = Config::default();
-    config.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
+    let mut config = Config {
+        busy_poll: std::time::Duration::from_micros(args.busy_poll_us),
+        ..Config::default()
+    };
     if let Some(w) = args.workers {
         config.max_in_flight_per_connection = w;
     }
