@@ -30,32 +30,24 @@ impl Transport {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "tcp".into());
-        let w = s.try_clone()?;
-        let c = s.try_clone()?;
-        let poll_fd = Some(s.as_raw_fd());
-        Ok(Transport {
-            reader: Box::new(s),
-            writer: Box::new(w),
-            closer: Arc::new(move |how| {
-                let _ = c.shutdown(how);
-            }),
-            peer,
-            poll_fd,
-        })
+        Self::socket(s, peer)
     }
 
     /// A Unix-domain stream connection.
     pub fn unix(s: UnixStream) -> io::Result<Self> {
-        let w = s.try_clone()?;
-        let c = s.try_clone()?;
+        Self::socket(s, "unix".into())
+    }
+
+    /// A stream socket: reads on `s`, writes and shutdowns on clones of it.
+    fn socket<S: Socket>(s: S, peer: String) -> io::Result<Self> {
+        let w = s.try_clone_socket()?;
+        let c = s.try_clone_socket()?;
         let poll_fd = Some(s.as_raw_fd());
         Ok(Transport {
             reader: Box::new(s),
             writer: Box::new(w),
-            closer: Arc::new(move |how| {
-                let _ = c.shutdown(how);
-            }),
-            peer: "unix".into(),
+            closer: Arc::new(move |how| c.shutdown_socket(how)),
+            peer,
             poll_fd,
         })
     }
@@ -89,6 +81,31 @@ impl Transport {
             peer: "stdio".into(),
             poll_fd: None,
         })
+    }
+}
+
+/// What `Transport::socket` needs of TCP and Unix streams alike.
+trait Socket: Read + Write + AsRawFd + Send + Sync + Sized + 'static {
+    fn try_clone_socket(&self) -> io::Result<Self>;
+    /// Shuts the socket down; errors (already closed) are ignored.
+    fn shutdown_socket(&self, how: Shutdown);
+}
+
+impl Socket for TcpStream {
+    fn try_clone_socket(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_socket(&self, how: Shutdown) {
+        let _ = self.shutdown(how);
+    }
+}
+
+impl Socket for UnixStream {
+    fn try_clone_socket(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_socket(&self, how: Shutdown) {
+        let _ = self.shutdown(how);
     }
 }
 
