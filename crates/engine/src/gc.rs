@@ -40,19 +40,43 @@ impl std::str::FromStr for GcPolicy {
 }
 
 impl Inner {
-    /// Data bytes a segment holds when every stripe is full width.
+    /// Data and parity widths of the stripes written now (narrower while drives are out).
+    fn widths_now(&self) -> (u64, u64) {
+        let up = self.healthy().iter().filter(|h| **h).count();
+        let m = self.geo.m as usize;
+        let w = (self.width.load(Ordering::Relaxed) as usize)
+            .min(up.saturating_sub(m))
+            .max(1);
+        (w as u64, m as u64)
+    }
+
     /// Data bytes a segment holds when written at the width stripes have now (narrower while
     /// drives are out: measuring against full width would make every segment look worth
     /// cleaning and the cleaner churn).
     fn segment_data_capacity(&self) -> u64 {
-        let up = self.healthy().iter().filter(|h| **h).count();
-        let width = (self.width.load(Ordering::Relaxed) as usize)
-            .min(up.saturating_sub(self.geo.m as usize))
-            .max(1);
+        let (w, _) = self.widths_now();
         // A chunk takes its data plus a header of one or two blocks (not the worst-case header
         // room a stripe reserves, which would make segments look fuller than they are).
         let per_chunk = self.shape.chunk_size as u64 + 2 * crate::format::BLOCK as u64;
-        (self.geo.segment_size / per_chunk) * self.shape.chunk_size as u64 * width as u64
+        (self.geo.segment_size / per_chunk) * self.shape.chunk_size as u64 * w
+    }
+
+    /// The fraction of a segment's space its live data would take if rewritten now: what
+    /// cleaning it costs, against the one segment it frees. A segment written at another
+    /// width than today's counts at today's: one written narrow while drives were out is
+    /// worth cleaning once the pool is wider again (its data packs into less space), and one
+    /// written wide is not worth cleaning while the pool is narrow (its data would take more).
+    pub(crate) fn utilisation(&self, seg: usize) -> f64 {
+        let live = self.live[seg].load(Ordering::Relaxed) as f64;
+        let slots = self.written_slots[seg].load(Ordering::Relaxed) as f64;
+        let room = if slots > 0.0 {
+            // What the space its stripes took holds at today's data fraction.
+            let (w, m) = self.widths_now();
+            slots * w as f64 / (w + m) as f64
+        } else {
+            self.segment_data_capacity() as f64 // unknown since a restart
+        };
+        (live / room).min(1.0)
     }
 
     /// The segment to clean next, if any holds garbage worth the work.
@@ -60,7 +84,6 @@ impl Inner {
     /// never picks what it wrote itself.
     pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
         let w = self.writer.lock();
-        let cap = self.segment_data_capacity() as f64;
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
         let mut best: Option<(f64, u32)> = None;
@@ -68,10 +91,7 @@ impl Inner {
             if *st != SegState::Used || w.segs.closed_seq[i] >= before {
                 continue;
             }
-            let live = self.live[i].load(Ordering::Relaxed) as f64;
-            // Utilisation against what the segment really received, when known.
-            let written = self.written[i].load(Ordering::Relaxed) as f64;
-            let u = (live / if written > 0.0 { written } else { cap }).min(1.0);
+            let u = self.utilisation(i);
             if u > 0.97 {
                 continue; // nothing to gain
             }
@@ -90,7 +110,12 @@ impl Inner {
     }
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
-    pub(crate) fn relocate_stripe(&self, desc: &crate::scan::StripeDesc) -> Result<()> {
+    /// `urgent`: the move frees space (the cleaner), so it may use the cleaner's reserve.
+    pub(crate) fn relocate_stripe(
+        &self,
+        desc: &crate::scan::StripeDesc,
+        urgent: bool,
+    ) -> Result<()> {
         if desc.kind != StripeKind::Data || desc.w == 0 {
             return Ok(());
         }
@@ -137,7 +162,7 @@ impl Inner {
         let shards = self.read_stripe(desc, None)?;
         for (v, lba, chunk, offset, len, flags, crc, expected) in live {
             let bytes = &shards[chunk][offset..offset + len];
-            self.logged_in(Stream::Gc, true, |open| {
+            self.logged_in(Stream::Gc, urgent, |open| {
                 if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                     return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
                 }
@@ -152,15 +177,17 @@ impl Inner {
     }
 
     /// Moves every live block out of segment `seg`; marks it Reclaimed when none is left.
-    pub(crate) fn clean_segment(&self, seg: u32) -> Result<bool> {
+    /// `urgent` as for `relocate_stripe`: true for the cleaner, false for a rebuild, whose
+    /// moves into narrower stripes may take more room than they free.
+    pub(crate) fn clean_segment(&self, seg: u32, urgent: bool) -> Result<bool> {
         let stripes = self.scan_segment(seg, true);
         for desc in stripes.values() {
-            self.relocate_stripe(desc)?;
+            self.relocate_stripe(desc, urgent)?;
         }
         if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
             // Some stripe's records could not be read (every full header copy sits on a drive
             // that is lost, or behind a torn chunk): find the blocks from the maps instead.
-            self.relocate_by_map(seg)?;
+            self.relocate_by_map(seg, urgent)?;
         }
         let left = self.live[seg as usize].load(Ordering::Relaxed);
         let mut w = self.writer.lock();
@@ -182,7 +209,7 @@ impl Inner {
     /// Re-appends every block whose map entry points into segment `seg`, read through the
     /// normal read path (reconstructing as needed). Slower than `relocate_stripe` (it walks
     /// every map), for the rare segment whose stripe records are unreadable.
-    fn relocate_by_map(&self, seg: u32) -> Result<()> {
+    fn relocate_by_map(&self, seg: u32, urgent: bool) -> Result<()> {
         let vols: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
         for v in vols {
             let mut found = Vec::new();
@@ -202,7 +229,7 @@ impl Inner {
                 }
                 self.read_block(&v, lba, &mut block)?;
                 let crc = crc32c::crc32c(&block);
-                self.logged_in(Stream::Gc, true, |open| {
+                self.logged_in(Stream::Gc, urgent, |open| {
                     if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                         return Ok(Some(()));
                     }
@@ -242,7 +269,7 @@ impl Inner {
                 break;
             };
             tried += 1;
-            match self.clean_segment(victim) {
+            match self.clean_segment(victim, true) {
                 Ok(true) => cleaned += 1,
                 Ok(false) => {}
                 // Out of room for relocations: free what was cleaned, then stop.

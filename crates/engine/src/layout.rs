@@ -163,9 +163,8 @@ impl SegmentTable {
     fn open_new(&mut self, stream: Stream, urgent: bool) -> Result<u32> {
         let free = self.free_count();
         let keep = match stream {
-            Stream::Data if urgent => self.reserve,
-            Stream::Data => self.reserve + self.gc_reserve,
-            Stream::Gc => self.reserve,
+            Stream::Data | Stream::Gc if urgent => self.reserve,
+            Stream::Data | Stream::Gc => self.reserve + self.gc_reserve,
             Stream::Checkpoint => 0,
         };
         if free <= keep {
@@ -187,7 +186,9 @@ impl SegmentTable {
 
     /// Reserves room for a stripe of up to `k` data chunks + `m` parity chunks, each needing
     /// at most `need` bytes, on healthy drives only. `urgent` lets a stripe that frees space
-    /// (a trim, a volume delete) use the cleaner's reserve, so a full pool can always be emptied.
+    /// (a trim, a volume delete, the cleaner's relocations) use the cleaner's reserve, so a full
+    /// pool can always be emptied; writes that may take more room than they free (host data, a
+    /// rebuild's relocations into narrower stripes) leave that reserve alone.
     pub fn plan(
         &mut self,
         stream: Stream,

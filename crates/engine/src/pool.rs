@@ -241,8 +241,9 @@ pub(crate) struct Inner {
     pub buffers_made: AtomicU64,
     pub max_buffers: u64,
     pub live: Vec<AtomicU64>,
-    /// Data bytes written into each segment since it was opened (0: unknown, after a restart).
-    pub written: Vec<AtomicU64>,
+    /// The space each segment's stripes took since it was opened, in bytes of data and parity
+    /// (0: unknown, after a restart): what the cleaner measures live data against.
+    pub written_slots: Vec<AtomicU64>,
     pub stats: Stats,
     pub sb: Mutex<SbState>,
     pub block_locks: Vec<Mutex<()>>,
@@ -340,7 +341,7 @@ impl Inner {
             buffers_made: AtomicU64::new(0),
             max_buffers: MAX_STRIPE_BUFFERS,
             live: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
-            written: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
+            written_slots: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             stats: Stats::default(),
             sb: Mutex::new(sb),
             block_locks: (0..256).map(|_| Mutex::new(())).collect(),

@@ -96,9 +96,22 @@ impl Inner {
         };
         tracing::info!(segments = victims.len(), "rebuild started");
         for (n, seg) in victims.iter().enumerate() {
-            {
+            // Moves into narrower stripes may take more room than they free, so they leave the
+            // cleaner's reserve alone; garbage elsewhere is cleaned first when room runs low.
+            let (low, still_needed) = {
+                let w = self.writer.lock();
+                (
+                    w.segs.free_count() <= w.segs.low_water() + 1,
+                    w.segs.states[*seg as usize] == SegState::Used
+                        && w.segs.drives_used[*seg as usize] & lost != 0,
+                )
+            };
+            if low {
+                self.gc_foreground()?;
+            }
+            if still_needed {
                 let _cleaner = self.gc_lock.lock();
-                if !self.clean_segment(*seg)?
+                if !self.clean_segment(*seg, false)?
                     && self.live[*seg as usize].load(Ordering::Relaxed) != 0
                 {
                     return Err(crate::error::Error::Unavailable(format!(

@@ -176,9 +176,11 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         tracing::warn!("{why}");
         *inner.read_only.lock() = Some(why);
     } else {
-        // The roll-forward holds the writer lock no more: repairs append like the cleaner.
+        // The roll-forward holds the writer lock no more: repairs append like the cleaner,
+        // but leave its reserve alone (they are deferrable and may take more room than they
+        // free).
         for d in &repair {
-            match inner.relocate_stripe(d) {
+            match inner.relocate_stripe(d, false) {
                 Ok(()) => {}
                 // Deferred: the stripe is readable, and a later rebuild or cleaning moves it.
                 Err(Error::NoSpace) => {

@@ -38,7 +38,7 @@ impl Inner {
         if plan.fresh {
             // The segment held other stripes before: a cached scan of it is stale.
             self.seg_index.lock().remove(&plan.segment);
-            self.written[plan.segment as usize].store(0, Ordering::Relaxed);
+            self.written_slots[plan.segment as usize].store(0, Ordering::Relaxed);
         }
         let buf = self.take_buffer();
         let seq = w.next_seq;
@@ -156,7 +156,10 @@ impl Inner {
     fn complete(&self, s: &SealedStripe) {
         if s.kind == StripeKind::Data {
             let data: u64 = s.chunks[..s.w].iter().map(|c| c.len as u64).sum();
-            self.written[s.segment as usize].fetch_add(data, Ordering::Relaxed);
+            // The data's share of the stripe's space, parity included: the cleaner compares
+            // live bytes with what that space holds at the width stripes have later.
+            let slots = data * (s.w + s.m) as u64 / s.w.max(1) as u64;
+            self.written_slots[s.segment as usize].fetch_add(slots, Ordering::Relaxed);
         }
         let mut vol: Option<Arc<VolumeState>> = None;
         for rec in &s.records {
