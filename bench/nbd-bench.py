@@ -99,8 +99,9 @@ def report(a):
     out.append(f"{a.setup}. {a.versions}. Servers: `flashpool serve --memory --ec 4+1` "
                "(memory drives, 4+1 parity, 1 GiB volume; `flashpool` on drives large enough "
                "that the pool never cleans during a run, `flashpool-gc` on drives small enough "
-               "that the volume fills 60 % of the pool and every randwrite run cleans, `flashpool-poll` "
-               "as `flashpool` with `--busy-poll-us`), nbdkit `null` and `memory` plugins, "
+               "that the volume fills 60 % of the pool and every randwrite run cleans, both with the "
+               "default adaptive busy polling, `flashpool-nopoll` as `flashpool` with "
+               "`--busy-poll-us 0`), nbdkit `null` and `memory` plugins, "
                "`qemu-nbd -f raw -t -e 4 --cache=none --aio=io_uring` on a /dev/shm file; every "
                "export prefilled (except null) so reads hit data. Server CPU = utime+stime from "
                "`/proc/PID/stat` over fio's measured window / I/Os completed in it. "
@@ -149,7 +150,7 @@ def report(a):
 
     # flashpool is what the targets are about; memserve (front-end alone,
     # no engine) shows which side of the server a miss comes from.
-    for who in [w for w in ("flashpool", "flashpool-poll", "flashpool-gc", "memserve")
+    for who in [w for w in ("flashpool", "flashpool-nopoll", "flashpool-gc", "memserve")
                 if w in servers]:
         for rw in rws:
             def r(qd, den, key):

@@ -2,8 +2,9 @@
 # NBD front-end benchmark (issue 3): fio --ioengine=nbd, 4 KiB randread and
 # randwrite at iodepth 1 and 32, over one Unix socket, against
 #   flashpool      `flashpool serve --memory --ec 4+1` (memory drives, 4+1 parity,
-#                  large enough that the pool does not clean during a run)
-#   flashpool-poll the same with busy polling (`--busy-poll-us FP_POLL_US`)
+#                  large enough that the pool does not clean during a run; adaptive
+#                  busy polling up to `--busy-poll-us FP_POLL_US`, the default 50)
+#   flashpool-nopoll the same with busy polling off (`--busy-poll-us 0`)
 #   flashpool-gc   the same on small drives: every randwrite run cleans (GC cost)
 #   nbdkit-null    nbdkit's null plugin (a server that does nothing: the ceiling)
 #   nbdkit-memory  nbdkit's memory plugin (a RAM disk)
@@ -26,7 +27,7 @@
 #   bench/nbd-bench.sh            # build, measure, rewrite the "## NBD front-end"
 #                                 # section of docs/PERFORMANCE.md
 # Knobs: RUNTIME (s per point, 5), RAMP (s, 1), ROUNDS (3), SIZE (1G),
-#   SERVERS ("flashpool flashpool-poll flashpool-gc nbdkit-null nbdkit-memory qemu-nbd
+#   SERVERS ("flashpool flashpool-nopoll flashpool-gc nbdkit-null nbdkit-memory qemu-nbd
 #   memserve"), FP_DRIVE_SIZE (2G), FP_GC_DRIVE_SIZE (512M), FP_POLL_US (50),
 #   RWS ("randread randwrite"), QDS ("1 32"),
 #   DOC (file whose NBD section is rewritten; docs/PERFORMANCE.md; "-": print only),
@@ -40,13 +41,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HERE=$ROOT/bench
 RUNTIME=${RUNTIME:-5}; RAMP=${RAMP:-1}; ROUNDS=${ROUNDS:-3}; SIZE=${SIZE:-1G}
-SERVERS=${SERVERS:-"flashpool flashpool-poll flashpool-gc nbdkit-null nbdkit-memory qemu-nbd memserve"}
+SERVERS=${SERVERS:-"flashpool flashpool-nopoll flashpool-gc nbdkit-null nbdkit-memory qemu-nbd memserve"}
 RWS=${RWS:-"randread randwrite"}; QDS=${QDS:-"1 32"}
 # flashpool's memory drives: large enough that the pool never cleans during a run (the prefill
 # plus the writes of one run stay below the cleaner's watermark), and for `flashpool-gc` small
 # enough that the 1 GiB volume fills 60 % of the pool and every randwrite run cleans.
 FP_DRIVE_SIZE=${FP_DRIVE_SIZE:-2G}; FP_GC_DRIVE_SIZE=${FP_GC_DRIVE_SIZE:-512M}
-# `flashpool-poll`: the same as `flashpool` with busy polling (serve --busy-poll-us).
+# The longest busy poll of `flashpool`, `flashpool-gc` and `memserve` (serve --busy-poll-us;
+# `flashpool-nopoll` runs with 0).
 FP_POLL_US=${FP_POLL_US:-50}
 DOC=${DOC:-$ROOT/docs/PERFORMANCE.md}
 CMDLINE="$(printf '%q ' "$0" "$@")"
@@ -99,16 +101,17 @@ trap cleanup EXIT INT TERM
 launch() {   # launch KIND: start one server on $SOCK, set SERVER_PID
     rm -f "$SOCK"; rm -rf "$WORK/data"
     case $1 in
-        flashpool|flashpool-base|flashpool-gc|flashpool-poll)
+        flashpool|flashpool-base|flashpool-gc|flashpool-nopoll)
             bin=$FLASHPOOL; [ "$1" = flashpool-base ] && bin=${FLASHPOOL_BASE:?set FLASHPOOL_BASE}
             ds=$FP_DRIVE_SIZE; [ "$1" = flashpool-gc ] && ds=$FP_GC_DRIVE_SIZE
-            poll=0; [ "$1" = flashpool-poll ] && poll=$FP_POLL_US
+            poll=$FP_POLL_US; [ "$1" = flashpool-nopoll ] && poll=0
             "$bin" serve --memory --ec 4+1 --drive-size "$ds" --busy-poll-us "$poll" --data "$WORK/data" \
                 --listen "127.0.0.1:$((20000 + RANDOM % 20000))" --socket "$SOCK" \
                 >"$WORK/server-$1.log" 2>&1 & ;;
         memserve|memserve-base)
             bin=$MEMSERVE; [ "$1" = memserve-base ] && bin=${MEMSERVE_BASE:?set MEMSERVE_BASE}
-            "$bin" --size "$SIZE" --no-tcp --socket "$SOCK" >"$WORK/server-$1.log" 2>&1 & ;;
+            "$bin" --size "$SIZE" --no-tcp --socket "$SOCK" --busy-poll-us "$FP_POLL_US" \
+                >"$WORK/server-$1.log" 2>&1 & ;;
         nbdkit-null|nbdkit-memory)
             nbdkit -f -U "$SOCK" "${1#nbdkit-}" "$SIZE" >"$WORK/server-$1.log" 2>&1 & ;;
         qemu-nbd)

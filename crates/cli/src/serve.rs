@@ -44,10 +44,13 @@ pub struct ServeArgs {
     /// rebuilt onto the other drives.
     #[arg(long, default_value_t = 30)]
     pub rebuild_delay: u64,
-    /// Busy polling, in microseconds (0 = off): a connection that has answered everything
-    /// keeps polling its socket this long before it sleeps. Lower latency at low queue
-    /// depth, for a core per waiting connection (docs/NBD.md). At most 1000000.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    /// Longest busy poll, in microseconds (0 = off): a connection that has answered
+    /// everything polls its socket up to this long (adapted to the client: polling backs off
+    /// while the client is slow or idle) before it sleeps. Lower latency at low queue depth,
+    /// for CPU time while it polls; at most half the CPUs poll at once (docs/NBD.md). At most
+    /// 1000000.
+    #[arg(long, default_value_t = flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub busy_poll_us: u64,
 }
 

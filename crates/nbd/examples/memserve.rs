@@ -8,7 +8,7 @@
 //! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
 //! `default`, which also answers to the empty name), `--no-tcp`,
 //! `--workers N` (requests in flight per connection: `max_in_flight_per_connection`),
-//! `--busy-poll-us N` (`Config::busy_poll`).
+//! `--busy-poll-us N` (`Config::busy_poll`; 0 = off, default 50).
 //! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
 
 use std::path::PathBuf;
@@ -53,7 +53,7 @@ fn parse_args() -> Result<Args, String> {
         size: 1 << 30,
         exports: vec!["default".into()],
         workers: None,
-        busy_poll_us: 0,
+        busy_poll_us: flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {

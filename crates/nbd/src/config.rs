@@ -1,7 +1,11 @@
 //! Server limits and tunables ([`Config`]): connection count, requests in
-//! flight and buffer bytes per connection, drain timeout on shutdown.
+//! flight and buffer bytes per connection, drain timeout on shutdown, busy polling.
 
 use std::time::Duration;
+
+/// The default longest busy poll ([`Config::busy_poll`]): long enough to catch a client that
+/// answers each reply with its next request (a queue-depth-1 round trip is 25-60 µs on a VM).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
 /// Limits of a [`crate::Server`]. Memory held for request and reply buffers
 /// is bounded by `max_connections * max_buffer_bytes_per_connection`.
@@ -26,11 +30,16 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Busy polling: after answering everything it has, a connection thread keeps asking
     /// its socket for the next request (non-blocking) for up to this long before it sleeps
-    /// in `recv`. Zero (the default) never polls. Polling trades CPU for latency: a sleeping
-    /// thread costs a wake-up per request (an inter-processor interrupt, tens of
-    /// microseconds on some VMs), a polling one a core while it waits. Unix and TCP sockets
+    /// in `recv`. Polling trades CPU for latency: a sleeping thread costs a wake-up per
+    /// request (an inter-processor interrupt, tens of microseconds on some VMs), a polling
+    /// one the CPU time it spins. The window adapts to the client (four times its recent
+    /// quick gaps, so at most this) and polling backs off while the client is slow or idle,
+    /// so an idle connection costs next to nothing. Zero never polls. Unix and TCP sockets
     /// only.
     pub busy_poll: Duration,
+    /// Most connections polling at once (each holds a core while it polls); the others
+    /// sleep in `recv` as usual. Default: half the CPUs, at least one.
+    pub max_pollers: usize,
 }
 
 impl Default for Config {
@@ -41,7 +50,10 @@ impl Default for Config {
             helper_threads_per_connection: 4,
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(10),
-            busy_poll: Duration::ZERO,
+            busy_poll: DEFAULT_BUSY_POLL,
+            max_pollers: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() / 2)
+                .max(1),
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod export;
 pub mod extents;
 pub mod handshake;
 pub mod memory;
+mod poll_policy;
 pub mod proto;
 pub mod server;
 mod transmission;

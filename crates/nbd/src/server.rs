@@ -19,7 +19,8 @@ use crate::activation::{self, Activated};
 use crate::config::Config;
 use crate::export::ExportSet;
 use crate::handshake::{self, Ended};
-use crate::transmission::{self, Limits};
+use crate::poll_policy::PollerSlots;
+use crate::transmission::{self, BusyPoll, Limits};
 use crate::transport::{Closer, Transport};
 
 /// Read buffer for the handshake (what it holds past the handshake is
@@ -52,6 +53,8 @@ struct Shared {
     next_id: AtomicU64,
     /// Write end of the pipe that wakes the accept loop.
     wake: OwnedFd,
+    /// Connections polling their sockets now (`Config::max_pollers`).
+    pollers: Arc<PollerSlots>,
 }
 
 /// An NBD server over an [`ExportSet`].
@@ -115,6 +118,7 @@ impl Server {
         Ok(Server {
             shared: Arc::new(Shared {
                 exports,
+                pollers: Arc::new(PollerSlots::new(config.max_pollers)),
                 config,
                 shutting_down: AtomicBool::new(false),
                 conns: Mutex::new(HashMap::new()),
@@ -389,8 +393,12 @@ fn serve_connection(shared: &Shared, t: Transport) {
                 max_helpers: shared.config.helper_threads_per_connection,
                 max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
                 busy_poll: poll_fd
-                    .filter(|_| !shared.config.busy_poll.is_zero())
-                    .map(|fd| (fd, shared.config.busy_poll)),
+                    .filter(|_| !shared.config.busy_poll.is_zero() && shared.config.max_pollers > 0)
+                    .map(|fd| BusyPoll {
+                        fd,
+                        max: shared.config.busy_poll,
+                        slots: shared.pollers.clone(),
+                    }),
             };
             transmission::serve(r, writer, &session, limits, &*closer);
         }

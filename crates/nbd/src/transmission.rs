@@ -28,11 +28,13 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, TryLockError};
 use std::thread::Scope;
+use std::time::Instant;
 
 use crate::budget::Budget;
 use crate::export::ExportError;
 use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
+use crate::poll_policy::{PollPolicy, PollerSlots};
 use crate::proto::*;
 use crate::wire::{self, Request, REQUEST_LEN};
 
@@ -49,17 +51,28 @@ const READ_BUFFER: usize = 256 * 1024 + REQUEST_LEN;
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
 
+/// Busy polling for one connection (`Config::busy_poll`).
+#[derive(Debug, Clone)]
+pub struct BusyPoll {
+    /// The connection's socket, read with non-blocking `recv` while polling.
+    pub fd: std::os::fd::RawFd,
+    /// The longest a connection polls before it sleeps in `recv`.
+    pub max: std::time::Duration,
+    /// The server's bound on connections polling at once.
+    pub slots: std::sync::Arc<PollerSlots>,
+}
+
 /// Per-connection limits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// Requests parsed and not yet answered.
     pub max_in_flight: usize,
     /// Helper threads for FLUSH and FUA requests.
     pub max_helpers: usize,
     pub max_buffer_bytes: u64,
-    /// Busy polling (`Config::busy_poll`): the connection's socket and how long to poll it
-    /// before sleeping in `recv`; None never polls.
-    pub busy_poll: Option<(std::os::fd::RawFd, std::time::Duration)>,
+    /// Busy polling (`Config::busy_poll`, adapted to the client by a [`PollPolicy`]); None
+    /// never polls.
+    pub busy_poll: Option<BusyPoll>,
 }
 
 /// A reply and the budget bytes it holds until written.
@@ -307,6 +320,11 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         inb: &mut InBuf,
         batch: &mut Vec<Reply>,
     ) -> io::Result<()> {
+        let mut policy = self
+            .limits
+            .busy_poll
+            .as_ref()
+            .map(|bp| PollPolicy::new(bp.max));
         loop {
             if self.failed.load(Ordering::Relaxed) {
                 return Ok(());
@@ -394,12 +412,21 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());
             }
-            if let Some((fd, how_long)) = self.limits.busy_poll {
-                if inb.poll(fd, how_long) {
+            let waited = policy.as_ref().map(|_| Instant::now());
+            if let (Some(bp), Some(p)) = (&self.limits.busy_poll, policy.as_mut()) {
+                let caught = p
+                    .window()
+                    .is_some_and(|w| bp.slots.try_take().is_some_and(|_slot| inb.poll(bp.fd, w)));
+                if caught {
+                    p.observe(waited.expect("timed").elapsed());
                     continue;
                 }
             }
-            if inb.fill(r)? == 0 {
+            let n = inb.fill(r)?;
+            if let (Some(p), Some(t0)) = (policy.as_mut(), waited) {
+                p.observe(t0.elapsed());
+            }
+            if n == 0 {
                 if inb.avail().is_empty() {
                     return Ok(());
                 }

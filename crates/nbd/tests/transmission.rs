@@ -367,17 +367,35 @@ fn multi_conn_flush_covers_other_connections() {
 }
 
 /// Busy polling changes only how the connection thread waits: requests split across sends,
-/// gaps shorter and longer than the poll window, a client that leaves while the server
-/// polls, and a shutdown while it polls all behave as without it.
+/// gaps shorter and longer than the poll window (so the adaptive window shrinks, grows and
+/// backs off), two connections taking turns at the one poller slot, a client that leaves
+/// while the server polls, and a shutdown while it polls all behave as without it; and as
+/// with polling off.
 #[test]
 fn busy_polling_serves_like_blocking_reads() {
     use std::time::Duration;
-    let srv = TestServer::start_with(Config {
-        busy_poll: Duration::from_millis(3),
-        ..Config::default()
-    });
+    for (busy_poll, max_pollers) in [
+        (Duration::from_millis(3), 1),
+        (Duration::from_millis(3), 4),
+        (Duration::ZERO, 1),
+    ] {
+        polling_case(Config {
+            busy_poll,
+            max_pollers,
+            ..Config::default()
+        });
+    }
+}
+
+fn polling_case(config: Config) {
+    use std::time::Duration;
+    let srv = TestServer::start_with(config);
     let mut a = Raw::connect(&srv, false, false);
+    let mut b = Raw::connect(&srv, false, false);
     for i in 0..40u64 {
+        // Another connection busy at the same time: it polls when `a` does not hold the slot.
+        let other = pattern(4096, 200 + i as u8);
+        assert_eq!(b.write(5000 + i, (100 + i) * 4096, &other), 0);
         let d = pattern(4096, i as u8);
         if i % 4 == 1 {
             // Header now, payload after a pause inside (or past) the poll window.
@@ -392,7 +410,12 @@ fn busy_polling_serves_like_blocking_reads() {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(a.read_simple(1000 + i, i * 4096, 4096).unwrap(), d);
+        assert_eq!(
+            b.read_simple(6000 + i, (100 + i) * 4096, 4096).unwrap(),
+            other
+        );
     }
+    drop(b);
     // A client that leaves while its server polls: the connection ends cleanly.
     let mut gone = Raw::connect(&srv, false, false);
     assert_eq!(gone.write(1, 0, &pattern(4096, 7)), 0);
