@@ -16,6 +16,7 @@ pub mod aligned;
 mod checkpoint;
 pub mod codec;
 pub mod compress;
+pub mod crc;
 pub mod drive;
 pub mod error;
 pub mod format;

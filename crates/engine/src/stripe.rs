@@ -80,6 +80,10 @@ pub struct OpenStripe {
     record_bytes: usize,
     /// Bytes of data chunks written only to fill them out (packing tails).
     padding: usize,
+    /// Per data chunk, the CRC32C of its first bytes and how many, folded from the CRCs of
+    /// the blocks appended in order (`crc::combine`); None when something else wrote there.
+    /// Sealing turns it into the chunk's CRC without reading the chunk again.
+    crc_runs: Vec<Option<(u32, usize)>>,
 }
 
 impl OpenStripe {
@@ -101,7 +105,20 @@ impl OpenStripe {
             records: Vec::new(),
             record_bytes: 0,
             padding: 0,
+            crc_runs: Vec::new(),
         }
+    }
+
+    /// `len` bytes whose CRC32C is `crc` were stored at offset `off` of data chunk `chunk`.
+    fn extend_crc_run(&mut self, chunk: usize, off: usize, len: usize, crc: u32) {
+        if self.crc_runs.len() <= chunk {
+            self.crc_runs.resize(chunk + 1, Some((0, 0)));
+        }
+        let run = &mut self.crc_runs[chunk];
+        *run = match *run {
+            Some((c, upto)) if upto == off => Some((crate::crc::combine(c, crc, len), off + len)),
+            _ => None,
+        };
     }
 
     /// True when nothing was appended.
@@ -124,8 +141,12 @@ impl OpenStripe {
                 self.data_pos(self.chunk, self.fill),
                 self.data_pos(self.chunk, self.shape.chunk_size),
             );
-            if let Some(b) = self.buf.data.write().as_mut() {
+            let tail = self.buf.data.write().as_mut().map(|b| {
                 b[from..to].fill(0);
+                crc32c::crc32c(&b[from..to])
+            });
+            if let Some(t) = tail {
+                self.extend_crc_run(self.chunk, self.fill, to - from, t);
             }
             self.padding += self.shape.chunk_size - self.fill;
             self.chunk += 1;
@@ -196,6 +217,7 @@ impl OpenStripe {
                 crc
             }
         };
+        self.extend_crc_run(chunk, off, len, crc);
         self.fill += len;
         let rec = Record::Write {
             vol,
@@ -223,6 +245,8 @@ impl OpenStripe {
             }
             let n = room.min(data.len() - done);
             let pos = self.data_pos(self.chunk, self.fill);
+            let crc = crc32c::crc32c(&data[done..done + n]);
+            self.extend_crc_run(self.chunk, self.fill, n, crc);
             {
                 let mut g = self.buf.data.write();
                 g.as_mut().expect("open stripe owns its buffer")[pos..pos + n]
@@ -246,7 +270,7 @@ impl OpenStripe {
     }
 
     /// Fixes the stripe's final shape: data width, chunk lengths, headers and drive offsets.
-    pub fn seal(self, pool_uuid: [u8; 16]) -> SealedStripe {
+    pub fn seal(mut self, pool_uuid: [u8; 16]) -> SealedStripe {
         let s = self.shape;
         let w = if self.fill == 0 {
             self.chunk
@@ -262,6 +286,21 @@ impl OpenStripe {
                 }
             })
             .collect();
+        if w > 0 && self.fill > 0 {
+            // The last chunk's tail up to a whole block is written as zeros too.
+            let last = w - 1;
+            let (from, to) = (
+                self.data_pos(last, self.fill),
+                self.data_pos(last, data_lens[last]),
+            );
+            let tail = self.buf.data.write().as_mut().map(|b| {
+                b[from..to].fill(0);
+                crc32c::crc32c(&b[from..to])
+            });
+            if let Some(t) = tail {
+                self.extend_crc_run(last, self.fill, to - from, t);
+            }
+        }
         let parity_len = data_lens.first().copied().unwrap_or(0);
         let padding = self.padding
             + if w > 0 {
@@ -319,6 +358,7 @@ impl OpenStripe {
             regions,
             records: self.records,
             padding,
+            crc_runs: self.crc_runs,
             buf: self.buf,
             shape: s,
             pool_uuid,
@@ -339,6 +379,8 @@ pub struct SealedStripe {
     pub records: Vec<Record>,
     /// Bytes of the data chunks that are packing tails, not data.
     pub padding: usize,
+    /// The data chunks' CRCs as folded while they filled (see `OpenStripe::crc_runs`).
+    crc_runs: Vec<Option<(u32, usize)>>,
     pub buf: Arc<StripeBuf>,
     pub shape: StripeShape,
     pool_uuid: [u8; 16],
@@ -386,7 +428,15 @@ impl SealedStripe {
         }
         for (i, c) in self.chunks.iter_mut().enumerate() {
             let start = self.regions[i] * region + s.hmax;
-            c.crc = crc32c::crc32c(&buf[start..start + c.len as usize]);
+            let bytes = &buf[start..start + c.len as usize];
+            // A data chunk filled in order has its CRC already; parity is read once here.
+            c.crc = match self.crc_runs.get(i) {
+                Some(&Some((crc, upto))) if i < self.w && upto == c.len as usize => {
+                    debug_assert_eq!(crc, crc32c::crc32c(bytes), "folded CRC of chunk {i}");
+                    crc
+                }
+                _ => crc32c::crc32c(bytes),
+            };
         }
         let mut writes = Vec::with_capacity(self.chunks.len());
         for i in 0..self.chunks.len() {
@@ -422,5 +472,71 @@ impl SealedStripe {
     /// Buffer offset of data chunk `j`'s first byte.
     pub fn data_pos(&self, j: usize) -> usize {
         self.regions[j] * self.shape.region() + self.shape.hmax
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(kind: StripeKind, garbage: u8) -> OpenStripe {
+        let shape = StripeShape::new(4, 1, 16384);
+        let mut buf = AlignedBuf::zeroed(shape.buffer_len());
+        buf.fill(garbage); // a reused buffer: stale bytes everywhere
+        let plan = StripePlan {
+            segment: 3,
+            drives: (0..5).collect(),
+            offsets: vec![1 << 20; 5],
+            w_max: 4,
+            fresh: false,
+        };
+        let sb = Arc::new(StripeBuf {
+            seq: 9,
+            data: RwLock::new(Some(buf)),
+        });
+        OpenStripe::new(9, kind, plan, sb, shape)
+    }
+
+    /// Every data chunk's CRC comes from the blocks' CRCs (no second pass over the data), and
+    /// equals the CRC of what is written: raw blocks, packed ones, raw ones after packed ones
+    /// (with a trailer), tails zeroed over a reused buffer.
+    #[test]
+    fn chunk_crcs_fold_from_block_crcs() {
+        let mut o = open(StripeKind::Data, 0xA5);
+        let mut lba = 0;
+        let mut push = |o: &mut OpenStripe, data: Vec<u8>| {
+            let crc = crc32c::crc32c(&data);
+            lba += 1;
+            o.append_block(1, lba, &data, crc, 0).is_some()
+        };
+        assert!(push(&mut o, vec![1; BLOCK]));
+        assert!(push(&mut o, vec![2; 1056])); // packed
+        assert!(push(&mut o, vec![3; BLOCK])); // raw off alignment: trailer
+        while !o.is_full() {
+            if !push(&mut o, (0..BLOCK).map(|i| i as u8).collect()) {
+                break;
+            }
+        }
+        // A short last chunk: seal a stripe two blocks into its second chunk.
+        let mut short = open(StripeKind::Data, 0x5A);
+        for i in 0..6 {
+            assert!(push(&mut short, vec![i; if i == 4 { 608 } else { BLOCK }]));
+        }
+        for o in [o, short] {
+            let mut s = o.seal([7; 16]);
+            assert!(s.w >= 2);
+            for i in 0..s.w {
+                let run = s.crc_runs[i].expect("every data chunk filled in order");
+                assert_eq!(run.1, s.chunks[i].len as usize, "chunk {i} folded to its end");
+            }
+            let codec = crate::codec::XorParity;
+            s.encode(&codec).unwrap();
+            let g = s.buf.data.read();
+            let b = g.as_ref().unwrap();
+            for (i, c) in s.chunks.iter().enumerate() {
+                let start = s.regions[i] * s.shape.region() + s.shape.hmax;
+                assert_eq!(c.crc, crc32c::crc32c(&b[start..start + c.len as usize]));
+            }
+        }
     }
 }
