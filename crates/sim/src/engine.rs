@@ -516,74 +516,83 @@ impl Engine {
     fn issue_program(&mut self, d: u32) {
         let ppd = self.geo.planes_per_die;
         let p0 = d * ppd;
-        let mut op = Op::IDLE;
-        op.kind = OpKind::Program;
+        let mut n = 0u8;
         let mut t_prog = 0;
-        let mut used = 0u32;
         let rr = self.dies[d as usize].plane_rr;
+        // The record is filled in place (a whole `Op` is about 100 bytes); only the fields
+        // a program uses are set, `subs` up to `n`.
         for k in 0..ppd {
-            let pi = (rr + k) % ppd;
+            // (rr + k) % ppd without a division: both are below ppd.
+            let pi = if rr + k >= ppd { rr + k - ppd } else { rr + k };
             let plane = p0 + pi;
-            if used & (1 << pi) != 0 || !self.ftl.can_accept_user(plane) {
+            if !self.ftl.can_accept_user(plane) {
                 continue;
             }
             let Some(s) = self.dies[d as usize].writes.pop_front() else {
                 break;
             };
-            used |= 1 << pi;
             let ppa = self.ftl.write_host(s.lpa, plane);
             t_prog = t_prog.max(self.t.program(self.geo.page_in_block(ppa)));
-            op.subs[op.n as usize] = s;
-            op.n += 1;
+            self.dies[d as usize].op.subs[n as usize] = s;
+            n += 1;
         }
         let die = &mut self.dies[d as usize];
-        die.plane_rr = (rr + 1) % ppd;
+        die.plane_rr = if rr + 1 == ppd { 0 } else { rr + 1 };
         let ch = die.channel as usize;
         let s = (self.now + self.t.cmd_ns).max(self.chan_free[ch]);
-        let e = s + op.n as u64 * self.t.xfer_page_ns;
+        let e = s + n as u64 * self.t.xfer_page_ns;
         self.chan_free[ch] = e;
+        let op = &mut die.op;
+        op.kind = OpKind::Program;
+        op.n = n;
+        op.suspends = 0;
+        op.planes = 0;
         op.array_start = e;
         op.end = e + t_prog;
-        die.op = op;
         die.busy = true;
-        let gen = die.gen;
-        self.q.push(op.end, EV_DIE_DONE, d, gen);
+        let (end, gen) = (op.end, die.gen);
+        self.q.push(end, EV_DIE_DONE, d, gen);
     }
 
     fn issue_gc(&mut self, d: u32) {
         let ppd = self.geo.planes_per_die;
         let p0 = d * ppd;
-        let mut op = Op::IDLE;
+        let mut planes = 0;
         for p in p0..p0 + ppd {
             if self.ftl.victim_drained(p) {
-                op.planes |= 1 << (p - p0);
+                planes |= 1 << (p - p0);
             }
         }
-        if op.planes != 0 {
-            op.kind = OpKind::Erase;
-            op.array_start = self.now + self.t.cmd_ns;
-            op.end = op.array_start + self.t.erase_ns;
+        // The record is filled in place; erase and GC copy use no `subs`.
+        let (kind, n, end) = if planes != 0 {
+            let start = self.now + self.t.cmd_ns;
+            (OpKind::Erase, 0, start + self.t.erase_ns)
         } else {
-            op.kind = OpKind::GcCopy;
             let (mut t_r, mut t_p) = (0, 0);
+            let mut n = 0u8;
             for p in p0..p0 + ppd {
                 if let Some((old, new)) = self.ftl.gc_move_next(p) {
                     t_r = self.t.read(old).max(t_r);
                     t_p = self.t.program(new).max(t_p);
-                    op.n += 1;
+                    n += 1;
                 }
             }
-            if op.n == 0 {
+            if n == 0 {
                 return;
             }
-            op.array_start = self.now + self.t.cmd_ns;
-            op.end = op.array_start + t_r + t_p;
-        }
+            (OpKind::GcCopy, n, self.now + self.t.cmd_ns + t_r + t_p)
+        };
         let die = &mut self.dies[d as usize];
-        die.op = op;
+        let op = &mut die.op;
+        op.kind = kind;
+        op.n = n;
+        op.suspends = 0;
+        op.planes = planes;
+        op.array_start = self.now + self.t.cmd_ns;
+        op.end = end;
         die.busy = true;
         let gen = die.gen;
-        self.q.push(op.end, EV_DIE_DONE, d, gen);
+        self.q.push(end, EV_DIE_DONE, d, gen);
     }
 
     /// A read arrived at busy die `d`: suspend its program or erase if allowed.

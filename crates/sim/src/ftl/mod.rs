@@ -322,12 +322,14 @@ impl Ftl {
         self.vbits[(ppa >> 6) as usize] & (1u64 << (ppa & 63)) != 0
     }
 
+    /// Maps `lpa` to `ppa`, a page of block `block` (the caller's frontier, so no division).
     #[inline(always)]
-    fn place(&mut self, lpa: u32, ppa: u32) {
+    fn place(&mut self, lpa: u32, ppa: u32, block: u32) {
+        debug_assert_eq!(self.geo.block_of(ppa), block);
         self.l2p[lpa as usize] = ppa;
         self.p2l[ppa as usize] = lpa;
         self.vbits[(ppa >> 6) as usize] |= 1u64 << (ppa & 63);
-        self.valid[self.geo.block_of(ppa) as usize] += 1;
+        self.valid[block as usize] += 1;
         self.write_clock += 1;
         self.ctr.flash_pages_programmed += 1;
     }
@@ -347,7 +349,7 @@ impl Ftl {
         if old != NONE {
             self.invalidate(old);
         }
-        self.place(lpa, ppa);
+        self.place(lpa, ppa, f.block);
         self.ctr.host_pages_written += 1;
         if f.next + 1 == self.geo.pages_per_block {
             self.user[p] = EMPTY_FRONTIER;
@@ -392,47 +394,51 @@ impl Ftl {
         }
         let base = self.geo.first_page(v.block);
         let mut off = v.scan;
-        loop {
+        // The victim has a valid page at or after `scan`: find it, one bitmap word at a time.
+        let rest = loop {
             let ppa = base + off;
             let word = self.vbits[(ppa >> 6) as usize] >> (ppa & 63);
             if word != 0 {
-                off += word.trailing_zeros();
-                break;
+                let tz = word.trailing_zeros();
+                off += tz;
+                // Valid pages after this one in the same word (a shift by 64 would overflow).
+                break (word >> tz) >> 1;
             }
             off += 64 - (ppa & 63);
-        }
+        };
         self.victim[p].scan = off + 1;
         let old = base + off;
         // Prefetch the mapping entry of the next valid page: this plane's next GC step comes
-        // after many other events, by then the random line of `l2p` is in the cache.
-        let nxt = old + 1;
-        if off + 1 < self.geo.pages_per_block {
-            let w = self.vbits[(nxt >> 6) as usize] >> (nxt & 63);
+        // after many other events, by then the random line of `l2p` is in the cache. As
+        // before, only the rest of the current bitmap word is looked at, or the next word
+        // when this page ends its word; the rest of the word is already in a register.
+        let n = if rest != 0 {
+            old + 1 + rest.trailing_zeros()
+        } else if old & 63 == 63 && off + 1 < self.geo.pages_per_block {
+            let w = self.vbits[((old + 1) >> 6) as usize];
             if w != 0 {
-                let n = nxt + w.trailing_zeros();
-                if n < base + self.geo.pages_per_block {
-                    self.prefetch_lpa(self.p2l[n as usize]);
-                }
+                old + 1 + w.trailing_zeros()
+            } else {
+                NONE
             }
+        } else {
+            NONE
+        };
+        if n < base + self.geo.pages_per_block {
+            self.prefetch_lpa(self.p2l[n as usize]);
         }
-        if self.gcf[p].block == NONE {
-            let b = self.open_block(plane);
-            if b == NONE {
-                self.failed = Some(format!(
-                    "device can no longer hold its logical capacity: plane {plane} has no \
-                     free block left for GC ({} bad blocks)",
-                    self.bad_blocks()
-                ));
-                return None;
-            }
-            self.gcf[p] = Frontier { block: b, next: 0 };
+        if self.gcf[p].block == NONE && !self.open_gc_frontier(plane) {
+            return None;
         }
         let f = self.gcf[p];
         let ppa = self.geo.first_page(f.block) + f.next;
         let lpa = self.p2l[old as usize];
         self.vbits[(old >> 6) as usize] &= !(1u64 << (old & 63));
         self.valid[v.block as usize] -= 1;
-        self.place(lpa, ppa);
+        if self.valid[v.block as usize] == 2 {
+            self.prefetch_next_victim(plane);
+        }
+        self.place(lpa, ppa, f.block);
         if v.wl {
             self.ctr.wl_pages_moved += 1;
         } else {
@@ -445,6 +451,23 @@ impl Ftl {
             self.gcf[p].next += 1;
         }
         Some((off, f.next))
+    }
+
+    /// Opens a GC frontier in `plane`; false (and `failed` set) when no block is free. Out
+    /// of line: once per block, and the failure message is cold.
+    #[inline(never)]
+    fn open_gc_frontier(&mut self, plane: u32) -> bool {
+        let b = self.open_block(plane);
+        if b == NONE {
+            self.failed = Some(format!(
+                "device can no longer hold its logical capacity: plane {plane} has no \
+                 free block left for GC ({} bad blocks)",
+                self.bad_blocks()
+            ));
+            return false;
+        }
+        self.gcf[plane as usize] = Frontier { block: b, next: 0 };
+        true
     }
 
     /// The plane for the `k`-th untimed write: channel-first over dies, then planes.

@@ -75,6 +75,31 @@ impl Ftl {
         NONE
     }
 
+    /// While `plane`'s victim is nearly drained (two valid pages left), starts loading the
+    /// reverse map and valid bits of the block greedy GC would choose next. A hint only:
+    /// the choice is made, maybe differently, when the victim is erased; but the new
+    /// victim's first moves would otherwise wait on these cold lines, since its own
+    /// prefetch in [`Ftl::start_victim`] comes just before them.
+    pub(crate) fn prefetch_next_victim(&self, plane: u32) {
+        if self.policy != GcPolicy::Greedy {
+            return;
+        }
+        let ppb = self.geo.pages_per_block;
+        let mut v = self.bkt_min[plane as usize];
+        while v < ppb {
+            let b = self.bkt_head[self.bkt_index(plane, v)];
+            if b != NONE {
+                let first = self.geo.first_page(b);
+                for i in (first..first + ppb).step_by(16) {
+                    super::prefetch(&self.p2l[i as usize]);
+                }
+                super::prefetch(&self.vbits[(first >> 6) as usize]);
+                return;
+            }
+            v += 1;
+        }
+    }
+
     fn pick_cost_benefit(&self, plane: u32) -> u32 {
         let ppb = self.geo.pages_per_block as f64;
         let mut best = NONE;
