@@ -3,17 +3,24 @@
 //!
 //! Sleeping costs a wake-up per request when the client waits for each reply (an
 //! inter-processor interrupt: tens of microseconds on some VMs, most of a queue-depth-1 round
-//! trip); polling costs the CPU time it spins. Polling pays only while requests come back
-//! quickly, so the policy watches the gaps between running dry and the next request:
+//! trip); polling costs the CPU time it spins. So the policy tells two kinds of wait apart:
 //!
-//! - the window is four times the recent short gap (an exponential average), between
-//!   [`MIN_WINDOW`] and the configured maximum: a client that comes back in 3 µs is polled
-//!   for ~12 µs, one that takes 25 µs for up to the maximum;
-//! - a gap longer than the maximum is a miss; after two misses in a row the connection sleeps
-//!   at once for the next 1, 2, 4, ... up to [`MAX_SKIP`] dry points, then tries again, so an
-//!   idle or slow client costs a window now and then, not a core;
-//! - gaps are measured whether the connection polled or slept, so a client that turns quick
-//!   again is noticed by the first short gap even while polling is backed off.
+//! - **mid-request** (a header is in, its payload is not): the client is sending, the rest comes
+//!   within microseconds; always worth a short poll;
+//! - **between requests**: worth polling only while the client waits for each reply before it
+//!   sends more (ping-pong, queue depth 1). A client that keeps several requests in flight hides
+//!   our wake-up behind them, and polling would only turn idle time into CPU time. Which of the
+//!   two a client does shows only while the connection sleeps (a polling connection catches
+//!   every request alone): a sleeping connection counts the requests it answers per wait over
+//!   [`PROBE`] waits; about one per wait is ping-pong, and the connection then polls between
+//!   requests for the next [`POLL_RUN`] waits, after which it sleeps through another probe.
+//!   The probes cost a queue-depth-1 client a wake-up on about 1.6 % of its requests.
+//!
+//! For each kind, the window is four times the recent gap (an exponential average of waits no
+//! longer than the configured maximum), between [`MIN_WINDOW`] and that maximum; a longer wait
+//! is a miss, and after two misses in a row that kind of wait sleeps at once for the next 1, 2,
+//! 4, ... up to [`MAX_SKIP`] times, then tries again, so an idle or slow client costs a window
+//! now and then, not a core.
 //!
 //! How many connections may poll at once is bounded separately ([`PollerSlots`]).
 
@@ -22,48 +29,57 @@ use std::time::Duration;
 
 /// The shortest window the policy polls for.
 pub const MIN_WINDOW: Duration = Duration::from_micros(5);
-/// Most dry points a backed-off connection sleeps through before it tries polling again.
+/// Most waits of one kind that a backed-off connection sleeps through before it polls again.
 pub const MAX_SKIP: u32 = 1024;
+/// Waits between requests a sleeping connection counts before it judges the client.
+pub const PROBE: u32 = 16;
+/// Waits between requests a ping-pong client is polled for before the next probe.
+pub const POLL_RUN: u32 = 1024;
 
-/// One connection's polling policy.
+/// What a connection does between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Sleeping, counting the requests answered per wait (the first count after polling is
+    /// skipped: it reflects the polling).
+    Probe { waits: u32, answered: u32 },
+    /// Polling, for this many more waits.
+    Poll { left: u32 },
+}
+
+/// Where a connection waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A request is partly in: its rest is on the way.
+    MidRequest,
+    /// Every request in is answered.
+    BetweenRequests,
+}
+
+/// The gap statistics of one kind of wait.
 #[derive(Debug, Clone)]
-pub struct PollPolicy {
-    max: Duration,
-    /// Exponential average (weight 1/8) of recent gaps no longer than `max`, in nanoseconds.
-    gap_ns: u64,
-    /// Gaps longer than `max` in a row.
+struct Gaps {
+    /// Exponential average (weight 1/8) of recent waits no longer than the maximum, in ns.
+    avg_ns: u64,
+    /// Waits longer than the maximum in a row.
     misses: u32,
-    /// Dry points left to sleep through without polling.
+    /// Waits left to sleep through without polling.
     skip: u32,
 }
 
-impl PollPolicy {
-    /// A policy polling for at most `max` (which must be non-zero).
-    pub fn new(max: Duration) -> Self {
-        debug_assert!(!max.is_zero(), "a zero window never polls: use no policy");
-        PollPolicy {
-            max,
-            gap_ns: (max.as_nanos() as u64) / 4,
-            misses: 0,
-            skip: 0,
-        }
-    }
-
-    /// How long to poll at this dry point; None: sleep at once.
-    pub fn window(&mut self) -> Option<Duration> {
+impl Gaps {
+    fn window(&mut self, max: Duration) -> Option<Duration> {
         if self.skip > 0 {
             self.skip -= 1;
             return None;
         }
-        let w = Duration::from_nanos(self.gap_ns.saturating_mul(4));
-        Some(w.clamp(MIN_WINDOW.min(self.max), self.max))
+        let w = Duration::from_nanos(self.avg_ns.saturating_mul(4));
+        Some(w.clamp(MIN_WINDOW.min(max), max))
     }
 
-    /// The wait that just ended took `gap` (polling or sleeping).
-    pub fn observe(&mut self, gap: Duration) {
-        if gap <= self.max {
+    fn observe(&mut self, gap: Duration, max: Duration) {
+        if gap <= max {
             let g = gap.as_nanos() as u64;
-            self.gap_ns = self.gap_ns - self.gap_ns / 8 + g / 8;
+            self.avg_ns = self.avg_ns - self.avg_ns / 8 + g / 8;
             self.misses = 0;
             self.skip = 0;
         } else {
@@ -73,6 +89,87 @@ impl PollPolicy {
             }
         }
         debug_assert!(self.skip <= MAX_SKIP);
+    }
+}
+
+/// One connection's polling policy.
+#[derive(Debug, Clone)]
+pub struct PollPolicy {
+    max: Duration,
+    mid: Gaps,
+    between: Gaps,
+    mode: Mode,
+}
+
+impl PollPolicy {
+    /// A policy polling for at most `max` (which must be non-zero).
+    pub fn new(max: Duration) -> Self {
+        debug_assert!(!max.is_zero(), "a zero window never polls: use no policy");
+        let g = Gaps {
+            avg_ns: (max.as_nanos() as u64) / 4,
+            misses: 0,
+            skip: 0,
+        };
+        PollPolicy {
+            max,
+            mid: g.clone(),
+            between: g,
+            mode: Mode::Probe {
+                waits: 0,
+                answered: 0,
+            },
+        }
+    }
+
+    /// A wait between requests is next, `answered` requests after the previous one.
+    pub fn answered(&mut self, answered: u32) {
+        self.mode = match self.mode {
+            Mode::Probe { waits, answered: a } => {
+                let (waits, a) = if waits == 0 {
+                    (1, 0) // the count that ends a polling run
+                } else {
+                    (waits + 1, a.saturating_add(answered.min(64)))
+                };
+                if waits <= PROBE {
+                    Mode::Probe { waits, answered: a }
+                } else if a * 4 <= PROBE * 5 {
+                    // At most 1.25 requests per wait: the client waits for each reply.
+                    Mode::Poll { left: POLL_RUN }
+                } else {
+                    Mode::Probe {
+                        waits: 1,
+                        answered: 0,
+                    }
+                }
+            }
+            Mode::Poll { left: 0 | 1 } => Mode::Probe {
+                waits: 0,
+                answered: 0,
+            },
+            Mode::Poll { left } => Mode::Poll { left: left - 1 },
+        };
+    }
+
+    /// True while the connection polls between requests (a ping-pong client).
+    pub fn polls_between(&self) -> bool {
+        matches!(self.mode, Mode::Poll { .. })
+    }
+
+    /// How long to poll at this wait; None: sleep at once.
+    pub fn window(&mut self, wait: Wait) -> Option<Duration> {
+        match wait {
+            Wait::MidRequest => self.mid.window(self.max),
+            Wait::BetweenRequests if self.polls_between() => self.between.window(self.max),
+            Wait::BetweenRequests => None,
+        }
+    }
+
+    /// The wait that just ended took `gap` (polling or sleeping).
+    pub fn observe(&mut self, wait: Wait, gap: Duration) {
+        match wait {
+            Wait::MidRequest => self.mid.observe(gap, self.max),
+            Wait::BetweenRequests => self.between.observe(gap, self.max),
+        }
     }
 }
 
@@ -122,42 +219,60 @@ mod tests {
     use super::*;
 
     const MAX: Duration = Duration::from_micros(50);
+    const B: Wait = Wait::BetweenRequests;
+    const M: Wait = Wait::MidRequest;
 
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
     }
 
+    /// A policy whose probe found a ping-pong client.
+    fn polling() -> PollPolicy {
+        let mut p = PollPolicy::new(MAX);
+        for _ in 0..=PROBE {
+            p.answered(1);
+        }
+        assert!(p.polls_between());
+        p
+    }
+
     #[test]
     fn starts_at_the_maximum_and_follows_short_gaps() {
-        let mut p = PollPolicy::new(MAX);
-        assert_eq!(p.window(), Some(MAX));
+        let mut p = polling();
+        assert_eq!(p.window(B), Some(MAX));
+        assert_eq!(p.window(M), Some(MAX));
         for _ in 0..64 {
-            p.observe(us(3));
+            p.observe(M, us(3));
         }
-        let w = p.window().unwrap();
+        let w = p.window(M).unwrap();
         assert!(w >= us(11) && w <= us(13), "{w:?}");
+        assert_eq!(
+            p.window(B),
+            Some(MAX),
+            "each kind of wait keeps its own gaps"
+        );
         // Never below the minimum.
         for _ in 0..64 {
-            p.observe(Duration::ZERO);
+            p.observe(M, Duration::ZERO);
         }
-        assert_eq!(p.window(), Some(MIN_WINDOW));
+        assert_eq!(p.window(M), Some(MIN_WINDOW));
         // Gaps near the maximum bring the window back up to it.
         for _ in 0..64 {
-            p.observe(us(25));
+            p.observe(M, us(25));
         }
-        assert_eq!(p.window(), Some(MAX));
+        assert_eq!(p.window(M), Some(MAX));
     }
 
     #[test]
     fn long_gaps_back_off_exponentially_and_a_short_one_resumes() {
-        let mut p = PollPolicy::new(MAX);
-        p.observe(us(500));
-        assert!(p.window().is_some(), "one miss does not back off");
+        let mut p = polling();
+        p.observe(B, us(500));
+        assert!(p.window(B).is_some(), "one miss does not back off");
         let mut skips = Vec::new();
         for _ in 0..14 {
-            p.observe(us(500));
+            p.observe(B, us(500));
             let mut n = 0;
-            while p.window().is_none() {
+            while p.window(B).is_none() {
                 n += 1;
             }
             skips.push(n);
@@ -166,19 +281,71 @@ mod tests {
             skips,
             vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024, 1024, 1024]
         );
+        assert!(
+            p.window(M).is_some(),
+            "mid-request waits are not backed off"
+        );
         // A slept gap that turns out short ends the back-off at once.
-        p.observe(us(500));
-        assert_eq!(p.window(), None);
-        p.observe(us(20));
-        assert!(p.window().is_some());
+        p.observe(B, us(500));
+        assert_eq!(p.window(B), None);
+        p.observe(B, us(20));
+        assert!(p.window(B).is_some());
+    }
+
+    #[test]
+    fn only_a_ping_pong_client_is_polled_between_requests() {
+        let mut p = PollPolicy::new(MAX);
+        assert_eq!(
+            p.window(B),
+            None,
+            "a new connection sleeps through its first probe"
+        );
+        assert!(
+            p.window(M).is_some(),
+            "the rest of a request is always polled for"
+        );
+        // A client with several requests in flight: probe after probe, never polled.
+        for _ in 0..10 * PROBE {
+            p.answered(3);
+            assert_eq!(p.window(B), None);
+        }
+        // One request per wait: polled from the end of the next probe on.
+        let mut waits = 0;
+        while !p.polls_between() {
+            p.answered(1);
+            waits += 1;
+        }
+        assert!(waits <= 2 * PROBE + 1, "{waits}");
+        assert!(p.window(B).is_some());
+        // Polled for POLL_RUN waits (its counts ignored), then probed again while sleeping.
+        for _ in 0..POLL_RUN - 1 {
+            p.answered(7);
+            assert!(p.polls_between());
+        }
+        p.answered(1);
+        assert!(!p.polls_between());
+        // The probe: the first count (made while polling) is skipped; a streaming client
+        // stays asleep, and it takes PROBE + 1 waits to judge.
+        for _ in 0..=PROBE {
+            p.answered(2);
+            assert!(!p.polls_between());
+        }
+        p.answered(2);
+        assert!(!p.polls_between());
+        // Huge batches count as 64 requests each.
+        p.answered(u32::MAX);
+        assert!(!p.polls_between());
     }
 
     #[test]
     fn a_small_maximum_is_the_window() {
         let mut p = PollPolicy::new(us(2));
-        assert_eq!(p.window(), Some(us(2)));
-        p.observe(us(1));
-        assert_eq!(p.window(), Some(us(2)));
+        for _ in 0..=PROBE {
+            p.answered(1);
+        }
+        assert_eq!(p.window(B), Some(us(2)));
+        p.observe(B, us(1));
+        assert_eq!(p.window(B), Some(us(2)));
     }
 
     #[test]

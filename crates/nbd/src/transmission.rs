@@ -34,7 +34,7 @@ use crate::budget::Budget;
 use crate::export::ExportError;
 use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
-use crate::poll_policy::{PollPolicy, PollerSlots};
+use crate::poll_policy::{PollPolicy, PollerSlots, Wait};
 use crate::proto::*;
 use crate::wire::{self, Request, REQUEST_LEN};
 
@@ -325,6 +325,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             .busy_poll
             .as_ref()
             .map(|bp| PollPolicy::new(bp.max));
+        // Requests taken since the last wait between requests (for the policy).
+        let mut answered = 0u32;
         loop {
             if self.failed.load(Ordering::Relaxed) {
                 return Ok(());
@@ -404,6 +406,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         }
                     }
                 }
+                answered += 1;
                 if batch.len() >= self.limits.max_in_flight {
                     self.send(batch);
                 }
@@ -412,19 +415,30 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());
             }
+            let wait = if inb.avail().is_empty() {
+                Wait::BetweenRequests
+            } else {
+                Wait::MidRequest
+            };
+            if let Some(p) = policy.as_mut() {
+                if wait == Wait::BetweenRequests {
+                    p.answered(answered);
+                    answered = 0;
+                }
+            }
             let waited = policy.as_ref().map(|_| Instant::now());
             if let (Some(bp), Some(p)) = (&self.limits.busy_poll, policy.as_mut()) {
                 let caught = p
-                    .window()
+                    .window(wait)
                     .is_some_and(|w| bp.slots.try_take().is_some_and(|_slot| inb.poll(bp.fd, w)));
                 if caught {
-                    p.observe(waited.expect("timed").elapsed());
+                    p.observe(wait, waited.expect("timed").elapsed());
                     continue;
                 }
             }
             let n = inb.fill(r)?;
             if let (Some(p), Some(t0)) = (policy.as_mut(), waited) {
-                p.observe(t0.elapsed());
+                p.observe(wait, t0.elapsed());
             }
             if n == 0 {
                 if inb.avail().is_empty() {
