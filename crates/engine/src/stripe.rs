@@ -527,7 +527,10 @@ mod tests {
             assert!(s.w >= 2);
             for i in 0..s.w {
                 let run = s.crc_runs[i].expect("every data chunk filled in order");
-                assert_eq!(run.1, s.chunks[i].len as usize, "chunk {i} folded to its end");
+                assert_eq!(
+                    run.1, s.chunks[i].len as usize,
+                    "chunk {i} folded to its end"
+                );
             }
             let codec = crate::codec::XorParity;
             s.encode(&codec).unwrap();
