@@ -32,10 +32,11 @@ pub struct Config {
     /// its socket for the next request (non-blocking) for up to this long before it sleeps
     /// in `recv`. Polling trades CPU for latency: a sleeping thread costs a wake-up per
     /// request (an inter-processor interrupt, tens of microseconds on some VMs), a polling
-    /// one the CPU time it spins. The window adapts to the client (four times its recent
-    /// quick gaps, so at most this) and polling backs off while the client is slow or idle,
-    /// so an idle connection costs next to nothing. Zero never polls. Unix and TCP sockets
-    /// only.
+    /// one the CPU time it spins. So a connection polls for the rest of a request whose
+    /// header is in, and between requests only for a client that waits for each reply (see
+    /// `poll_policy.rs`); the window adapts to the client's recent gaps (at most this), and
+    /// polling backs off while the client is slow or idle, so an idle connection costs next
+    /// to nothing. Zero never polls. Unix and TCP sockets only.
     pub busy_poll: Duration,
     /// Most connections polling at once (each holds a core while it polls); the others
     /// sleep in `recv` as usual. Default: half the CPUs, at least one.
