@@ -14,6 +14,8 @@
 //!   every request alone): a sleeping connection counts the requests it answers per wait over
 //!   [`PROBE`] waits; about one per wait is ping-pong, and the connection then polls between
 //!   requests for the next [`POLL_RUN`] waits, after which it sleeps through another probe.
+//!   While polling it keeps counting: more than 1.25 requests per wait over [`PROBE`] waits
+//!   (which ping-pong never shows) ends the run at once.
 //!   The probes cost a queue-depth-1 client a wake-up on about 1.6 % of its requests.
 //!
 //! For each kind, the window is four times the recent gap (an exponential average of waits no
@@ -42,8 +44,13 @@ enum Mode {
     /// Sleeping, counting the requests answered per wait (the first count after polling is
     /// skipped: it reflects the polling).
     Probe { waits: u32, answered: u32 },
-    /// Polling, for this many more waits.
-    Poll { left: u32 },
+    /// Polling, for this many more waits; counting requests per wait too, since a polling
+    /// connection that still finds more than one now and then is not serving ping-pong.
+    Poll {
+        left: u32,
+        waits: u32,
+        answered: u32,
+    },
 }
 
 /// Where a connection waits.
@@ -134,7 +141,11 @@ impl PollPolicy {
                     Mode::Probe { waits, answered: a }
                 } else if a * 4 <= PROBE * 5 {
                     // At most 1.25 requests per wait: the client waits for each reply.
-                    Mode::Poll { left: POLL_RUN }
+                    Mode::Poll {
+                        left: POLL_RUN,
+                        waits: 0,
+                        answered: 0,
+                    }
                 } else {
                     Mode::Probe {
                         waits: 1,
@@ -142,11 +153,36 @@ impl PollPolicy {
                     }
                 }
             }
-            Mode::Poll { left: 0 | 1 } => Mode::Probe {
+            Mode::Poll { left: 0 | 1, .. } => Mode::Probe {
                 waits: 0,
                 answered: 0,
             },
-            Mode::Poll { left } => Mode::Poll { left: left - 1 },
+            Mode::Poll {
+                left,
+                waits,
+                answered: a,
+            } => {
+                let (waits, a) = (waits + 1, a.saturating_add(answered.min(64)));
+                if waits < PROBE {
+                    Mode::Poll {
+                        left: left - 1,
+                        waits,
+                        answered: a,
+                    }
+                } else if a * 4 > waits * 5 {
+                    // Ping-pong never sends a second request before a reply: not this client.
+                    Mode::Probe {
+                        waits: 0,
+                        answered: 0,
+                    }
+                } else {
+                    Mode::Poll {
+                        left: left - 1,
+                        waits: 0,
+                        answered: 0,
+                    }
+                }
+            }
         };
     }
 
@@ -317,9 +353,9 @@ mod tests {
         }
         assert!(waits <= 2 * PROBE + 1, "{waits}");
         assert!(p.window(B).is_some());
-        // Polled for POLL_RUN waits (its counts ignored), then probed again while sleeping.
+        // Polled for POLL_RUN waits, then probed again while sleeping.
         for _ in 0..POLL_RUN - 1 {
-            p.answered(7);
+            p.answered(1);
             assert!(p.polls_between());
         }
         p.answered(1);
@@ -335,6 +371,31 @@ mod tests {
         // Huge batches count as 64 requests each.
         p.answered(u32::MAX);
         assert!(!p.polls_between());
+    }
+
+    #[test]
+    fn a_polled_client_that_sends_ahead_is_left_to_sleep() {
+        let mut p = PollPolicy::new(MAX);
+        while !p.polls_between() {
+            p.answered(1);
+        }
+        // Mostly one request per wait, but every other wait finds two: 1.5 per wait.
+        let mut waits = 0;
+        while p.polls_between() {
+            p.answered(1 + waits % 2);
+            waits += 1;
+        }
+        assert!(waits <= PROBE, "{waits}");
+        assert_eq!(p.window(B), None);
+        // Strict ping-pong keeps polling for the whole run.
+        let mut p = PollPolicy::new(MAX);
+        while !p.polls_between() {
+            p.answered(1);
+        }
+        for _ in 0..POLL_RUN - 1 {
+            p.answered(1);
+            assert!(p.polls_between());
+        }
     }
 
     #[test]
