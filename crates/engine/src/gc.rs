@@ -39,26 +39,34 @@ impl std::str::FromStr for GcPolicy {
     }
 }
 
+/// What a segment's space holds when written at today's width (`Inner::room_now`).
+struct RoomNow {
+    /// Data bytes per byte of data and parity in today's stripes.
+    data_fraction: f64,
+    /// Data bytes a whole segment holds (measured against when a segment's own stripes are
+    /// unknown, after a restart). Measuring against full width while drives are out would
+    /// make every segment look worth cleaning and the cleaner churn.
+    segment_capacity: f64,
+}
+
 impl Inner {
-    /// Data and parity widths of the stripes written now (narrower while drives are out).
-    fn widths_now(&self) -> (u64, u64) {
-        let up = self.healthy().iter().filter(|h| **h).count();
-        let m = self.geo.m as usize;
-        let w = (self.width.load(Ordering::Relaxed) as usize)
+    /// What a segment's space holds at today's stripe width (narrower while drives are out),
+    /// taken once per victim choice.
+    fn room_now(&self) -> RoomNow {
+        let up = self.healthy().iter().filter(|h| **h).count() as u64;
+        let m = self.geo.m as u64;
+        let w = (self.width.load(Ordering::Relaxed) as u64)
             .min(up.saturating_sub(m))
             .max(1);
-        (w as u64, m as u64)
-    }
-
-    /// Data bytes a segment holds when written at the width stripes have now (narrower while
-    /// drives are out: measuring against full width would make every segment look worth
-    /// cleaning and the cleaner churn).
-    fn segment_data_capacity(&self) -> u64 {
-        let (w, _) = self.widths_now();
         // A chunk takes its data plus a header of one or two blocks (not the worst-case header
         // room a stripe reserves, which would make segments look fuller than they are).
         let per_chunk = self.shape.chunk_size as u64 + 2 * crate::format::BLOCK as u64;
-        (self.geo.segment_size / per_chunk) * self.shape.chunk_size as u64 * w
+        RoomNow {
+            data_fraction: w as f64 / (w + m) as f64,
+            segment_capacity: ((self.geo.segment_size / per_chunk)
+                * self.shape.chunk_size as u64
+                * w) as f64,
+        }
     }
 
     /// The fraction of a segment's space its live data would take if rewritten now: what
@@ -66,15 +74,14 @@ impl Inner {
     /// width than today's counts at today's: one written narrow while drives were out is
     /// worth cleaning once the pool is wider again (its data packs into less space), and one
     /// written wide is not worth cleaning while the pool is narrow (its data would take more).
-    pub(crate) fn utilisation(&self, seg: usize) -> f64 {
+    fn utilisation(&self, seg: usize, now: &RoomNow) -> f64 {
         let live = self.live[seg].load(Ordering::Relaxed) as f64;
         let slots = self.written_slots[seg].load(Ordering::Relaxed) as f64;
         let room = if slots > 0.0 {
             // What the space its stripes took holds at today's data fraction.
-            let (w, m) = self.widths_now();
-            slots * w as f64 / (w + m) as f64
+            slots * now.data_fraction
         } else {
-            self.segment_data_capacity() as f64 // unknown since a restart
+            now.segment_capacity // unknown since a restart
         };
         (live / room).min(1.0)
     }
@@ -83,6 +90,7 @@ impl Inner {
     /// Only segments closed before sequence number `before` are candidates: a cleaning run
     /// never picks what it wrote itself.
     pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
+        let room = self.room_now();
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
@@ -91,7 +99,7 @@ impl Inner {
             if *st != SegState::Used || w.segs.closed_seq[i] >= before {
                 continue;
             }
-            let u = self.utilisation(i);
+            let u = self.utilisation(i, &room);
             if u > 0.97 {
                 continue; // nothing to gain
             }

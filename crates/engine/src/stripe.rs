@@ -121,6 +121,19 @@ impl OpenStripe {
         };
     }
 
+    /// Zeroes bytes `off..end` of data chunk `chunk` (a tail no block fills) and folds them
+    /// into the chunk's CRC run.
+    fn zero_tail(&mut self, chunk: usize, off: usize, end: usize) {
+        let (from, to) = (self.data_pos(chunk, off), self.data_pos(chunk, end));
+        let crc = self.buf.data.write().as_mut().map(|b| {
+            b[from..to].fill(0);
+            crc32c::crc32c(&b[from..to])
+        });
+        if let Some(c) = crc {
+            self.extend_crc_run(chunk, off, end - off, c);
+        }
+    }
+
     /// True when nothing was appended.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty() && self.chunk == 0 && self.fill == 0
@@ -137,17 +150,7 @@ impl OpenStripe {
                 return None;
             }
             // The chunk's unused tail is written as zeros: padding.
-            let (from, to) = (
-                self.data_pos(self.chunk, self.fill),
-                self.data_pos(self.chunk, self.shape.chunk_size),
-            );
-            let tail = self.buf.data.write().as_mut().map(|b| {
-                b[from..to].fill(0);
-                crc32c::crc32c(&b[from..to])
-            });
-            if let Some(t) = tail {
-                self.extend_crc_run(self.chunk, self.fill, to - from, t);
-            }
+            self.zero_tail(self.chunk, self.fill, self.shape.chunk_size);
             self.padding += self.shape.chunk_size - self.fill;
             self.chunk += 1;
             self.fill = 0;
@@ -288,18 +291,7 @@ impl OpenStripe {
             .collect();
         if w > 0 && self.fill > 0 {
             // The last chunk's tail up to a whole block is written as zeros too.
-            let last = w - 1;
-            let (from, to) = (
-                self.data_pos(last, self.fill),
-                self.data_pos(last, data_lens[last]),
-            );
-            let tail = self.buf.data.write().as_mut().map(|b| {
-                b[from..to].fill(0);
-                crc32c::crc32c(&b[from..to])
-            });
-            if let Some(t) = tail {
-                self.extend_crc_run(last, self.fill, to - from, t);
-            }
+            self.zero_tail(w - 1, self.fill, data_lens[w - 1]);
         }
         let parity_len = data_lens.first().copied().unwrap_or(0);
         let padding = self.padding
