@@ -102,6 +102,8 @@ def report(a):
                "that the volume fills 60 % of the pool and every randwrite run cleans, both with the "
                "default adaptive busy polling, `flashpool-nopoll` as `flashpool` with "
                "`--busy-poll-us 0`), nbdkit `null` and `memory` plugins, "
+               "`memserve` (our front-end over a RAM disk) and `memserve-null` (over an export "
+               "that stores nothing, when measured), "
                "`qemu-nbd -f raw -t -e 4 --cache=none --aio=io_uring` on a /dev/shm file; every "
                "export prefilled (except null) so reads hit data. Server CPU = utime+stime from "
                "`/proc/PID/stat` over fio's measured window / I/Os completed in it. "
@@ -149,8 +151,10 @@ def report(a):
                    f"{'≤' if le else '≥'} {bound} | {'yes' if ok else '**no**'} |")
 
     # flashpool is what the targets are about; memserve (front-end alone,
-    # no engine) shows which side of the server a miss comes from.
-    for who in [w for w in ("flashpool", "flashpool-nopoll", "flashpool-gc", "memserve")
+    # no engine) shows which side of the server a miss comes from, and
+    # memserve-null (front-end over an export that stores nothing) its floor.
+    for who in [w for w in ("flashpool", "flashpool-nopoll", "flashpool-gc", "memserve",
+                            "memserve-null")
                 if w in servers]:
         for rw in rws:
             def r(qd, den, key):

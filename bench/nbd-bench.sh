@@ -11,6 +11,8 @@
 #   qemu-nbd       qemu-nbd serving a raw file on /dev/shm
 #   memserve       crates/nbd/examples/memserve: our NBD front-end over a plain
 #                  RAM disk (no pool engine), to split front-end from engine cost
+#   memserve-null  memserve --null: our front-end over an export that stores nothing
+#                  (like nbdkit-null): the front-end's own floor, not in the default set
 # in one run. Servers are interleaved round by round (ROUNDS rounds), so a
 # change in background load hits every server alike; the table reports the
 # median over rounds and the min-max spread, plus the ratios the issue sets
@@ -78,7 +80,7 @@ if [ -z "${FLASHPOOL:-}" ]; then
     FLASHPOOL=${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool
 fi
 MEMSERVE=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/memserve
-case " $SERVERS " in *" memserve "*)
+case " $SERVERS " in *" memserve "*|*" memserve-null "*)
     (cd "$ROOT" && cargo build --release -q -p flashpool-nbd --example memserve) ;;
 esac
 
@@ -108,9 +110,10 @@ launch() {   # launch KIND: start one server on $SOCK, set SERVER_PID
             "$bin" serve --memory --ec 4+1 --drive-size "$ds" --busy-poll-us "$poll" --data "$WORK/data" \
                 --listen "127.0.0.1:$((20000 + RANDOM % 20000))" --socket "$SOCK" \
                 >"$WORK/server-$1.log" 2>&1 & ;;
-        memserve|memserve-base)
+        memserve|memserve-base|memserve-null)
             bin=$MEMSERVE; [ "$1" = memserve-base ] && bin=${MEMSERVE_BASE:?set MEMSERVE_BASE}
-            "$bin" --size "$SIZE" --no-tcp --socket "$SOCK" --busy-poll-us "$FP_POLL_US" \
+            null=(); [ "$1" = memserve-null ] && null=(--null)
+            "$bin" --size "$SIZE" --no-tcp --socket "$SOCK" --busy-poll-us "$FP_POLL_US" "${null[@]}" \
                 >"$WORK/server-$1.log" 2>&1 & ;;
         nbdkit-null|nbdkit-memory)
             nbdkit -f -U "$SOCK" "${1#nbdkit-}" "$SIZE" >"$WORK/server-$1.log" 2>&1 & ;;
@@ -137,7 +140,7 @@ for round in $(seq "$ROUNDS"); do
     for srv in $SERVERS; do
         for rw in $RWS; do for qd in $QDS; do
             launch "$srv"
-            if [ "$srv" != nbdkit-null ]; then   # allocate everything: reads hit data
+            if [ "$srv" != nbdkit-null ] && [ "$srv" != memserve-null ]; then   # allocate everything: reads hit data
                 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 \
                     --size="$SIZE" --output="$WORK/fill.txt" >/dev/null
             fi

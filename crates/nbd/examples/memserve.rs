@@ -8,13 +8,58 @@
 //! plus `--size SIZE` (default 1G) and `--export NAME` (more exports besides
 //! `default`, which also answers to the empty name), `--no-tcp`,
 //! `--workers N` (requests in flight per connection: `max_in_flight_per_connection`),
-//! `--busy-poll-us N` (`Config::busy_poll`; 0 = off, default 50).
+//! `--busy-poll-us N` (`Config::busy_poll`; 0 = off, default 50),
+//! `--null` (exports store nothing: writes are dropped, reads return zeros, like nbdkit's
+//! null plugin; what the front-end alone costs per request, for `bench/nbd-bench.sh`).
 //! Socket activation (LISTEN_PID/LISTEN_FDS) replaces the listeners.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flashpool_nbd::{Config, MemExport, Server, StaticExports};
+use flashpool_nbd::{Config, Export, ExportError, Extent, MemExport, Server, StaticExports};
+
+/// An export that stores nothing (`--null`): every request succeeds at once, reads return
+/// zeros, and block status reports one zero hole.
+struct NullExport(u64);
+
+impl NullExport {
+    fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.0 => Ok(()),
+            _ => Err(ExportError::new(
+                flashpool_nbd::ErrorKind::Invalid,
+                "past the end",
+            )),
+        }
+    }
+}
+
+impl Export for NullExport {
+    fn size(&self) -> u64 {
+        self.0
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.check(offset, buf.len() as u64)?;
+        buf.fill(0);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        self.check(offset, data.len() as u64)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.check(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.check(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        self.check(offset, len)?;
+        Ok(vec![Extent::hole(len)])
+    }
+}
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -41,6 +86,7 @@ struct Args {
     exports: Vec<String>,
     workers: Option<usize>,
     busy_poll_us: u64,
+    null: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -54,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
         exports: vec!["default".into()],
         workers: None,
         busy_poll_us: flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
+        null: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -64,6 +111,7 @@ fn parse_args() -> Result<Args, String> {
             "--socket" => a.socket = Some(val("--socket")?.into()),
             "--stdio" => a.stdio = true,
             "--no-tcp" => a.no_tcp = true,
+            "--null" => a.null = true,
             "--size" => a.size = parse_size(&val("--size")?)?,
             "--export" => a.exports.push(val("--export")?),
             "--busy-poll-us" => {
@@ -75,7 +123,7 @@ fn parse_args() -> Result<Args, String> {
                 a.workers = Some(val("--workers")?.parse().map_err(|_| "bad --workers")?)
             }
             "-h" | "--help" => {
-                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]... [--workers N] [--busy-poll-us N]");
+                println!("usage: memserve [--data DIR] [--listen HOST:PORT] [--socket PATH] [--stdio] [--no-tcp] [--size SIZE] [--export NAME]... [--workers N] [--busy-poll-us N] [--null]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument '{other}'")),
@@ -99,12 +147,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("MEMSERVE_LOG"))
             .init();
     }
+    if args.null && args.data.is_some() {
+        return Err("--null stores nothing: it takes no --data".into());
+    }
     if let Some(d) = &args.data {
         std::fs::create_dir_all(d)?;
     }
     let mut set = StaticExports::new();
     let mut disks = Vec::new();
     for name in &args.exports {
+        if args.null {
+            let disk = Arc::new(NullExport(args.size));
+            set.add(name.clone(), format!("null disk '{name}'"), disk);
+            continue;
+        }
         let image = args.data.as_ref().map(|d| d.join(format!("{name}.img")));
         let disk = match &image {
             Some(p) if p.exists() => MemExport::load(p)?,

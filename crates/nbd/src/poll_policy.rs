@@ -3,13 +3,15 @@
 //!
 //! Sleeping costs a wake-up per request when the client waits for each reply (an
 //! inter-processor interrupt: tens of microseconds on some VMs, most of a queue-depth-1 round
-//! trip); polling costs the CPU time it spins. So the policy tells two kinds of wait apart:
+//! trip); polling costs the CPU time it spins. So a connection polls only while its client
+//! waits for each reply before it sends more (ping-pong, queue depth 1): a client that keeps
+//! several requests in flight hides our wake-up behind them, and polling would only turn idle
+//! time into CPU time. A polling connection tells two kinds of wait apart, each with its own
+//! window:
 //!
-//! - **mid-request** (a header is in, its payload is not): the client is sending, the rest comes
-//!   within microseconds; always worth a short poll;
-//! - **between requests**: worth polling only while the client waits for each reply before it
-//!   sends more (ping-pong, queue depth 1). A client that keeps several requests in flight hides
-//!   our wake-up behind them, and polling would only turn idle time into CPU time. Which of the
+//! - **mid-request** (a header is in, its payload is not: libnbd sends them separately): the
+//!   client is sending, the rest comes within microseconds;
+//! - **between requests**: the client is reading our reply and preparing the next. Which of the
 //!   two a client does shows only while the connection sleeps (a polling connection catches
 //!   every request alone): a sleeping connection counts the requests it answers per wait over
 //!   [`PROBE`] waits; about one per wait is ping-pong, and the connection then polls between
@@ -17,6 +19,15 @@
 //!   While polling it keeps counting: more than 1.25 requests per wait over [`PROBE`] waits
 //!   (which ping-pong never shows) ends the run at once.
 //!   The probes cost a queue-depth-1 client a wake-up on about 1.6 % of its requests.
+//!
+//!   Counting alone misjudges a fast server: when it answers each request before the next
+//!   arrives it finds one request per wait from a client with 32 in flight too. The decisive
+//!   sign is a request that arrives while one of our replies is still unread in the socket
+//!   ([`PollPolicy::sent_ahead`], from the socket's send queue): a ping-pong client reads
+//!   each reply before it sends again, so that never happens with it. One such request in a
+//!   probe keeps the connection asleep; one while polling ends the run at once. The
+//!   transmission loop asks the socket only when [`PollPolicy::wants_send_queue`] says so
+//!   (until the first sign in each probe, every [`CHECK_EVERY`]th wait while polling).
 //!
 //! For each kind, the window is four times the recent gap (an exponential average of waits no
 //! longer than the configured maximum), between [`MIN_WINDOW`] and that maximum; a longer wait
@@ -37,13 +48,20 @@ pub const MAX_SKIP: u32 = 1024;
 pub const PROBE: u32 = 16;
 /// Waits between requests a ping-pong client is polled for before the next probe.
 pub const POLL_RUN: u32 = 1024;
+/// A polling connection looks at its send queue on every this-many-th wait.
+pub const CHECK_EVERY: u32 = 4;
 
 /// What a connection does between requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Sleeping, counting the requests answered per wait (the first count after polling is
-    /// skipped: it reflects the polling).
-    Probe { waits: u32, answered: u32 },
+    /// skipped: it reflects the polling), and whether a request came while a reply was
+    /// unread.
+    Probe {
+        waits: u32,
+        answered: u32,
+        ahead: bool,
+    },
     /// Polling, for this many more waits; counting requests per wait too, since a polling
     /// connection that still finds more than one now and then is not serving ping-pong.
     Poll {
@@ -124,6 +142,7 @@ impl PollPolicy {
             mode: Mode::Probe {
                 waits: 0,
                 answered: 0,
+                ahead: false,
             },
         }
     }
@@ -131,16 +150,25 @@ impl PollPolicy {
     /// A wait between requests is next, `answered` requests after the previous one.
     pub fn answered(&mut self, answered: u32) {
         self.mode = match self.mode {
-            Mode::Probe { waits, answered: a } => {
+            Mode::Probe {
+                waits,
+                answered: a,
+                ahead,
+            } => {
                 let (waits, a) = if waits == 0 {
                     (1, 0) // the count that ends a polling run
                 } else {
                     (waits + 1, a.saturating_add(answered.min(64)))
                 };
                 if waits <= PROBE {
-                    Mode::Probe { waits, answered: a }
-                } else if a * 4 <= PROBE * 5 {
-                    // At most 1.25 requests per wait: the client waits for each reply.
+                    Mode::Probe {
+                        waits,
+                        answered: a,
+                        ahead,
+                    }
+                } else if a * 4 <= PROBE * 5 && !ahead {
+                    // At most 1.25 requests per wait and none sent ahead of a reply: the
+                    // client waits for each reply.
                     Mode::Poll {
                         left: POLL_RUN,
                         waits: 0,
@@ -150,12 +178,14 @@ impl PollPolicy {
                     Mode::Probe {
                         waits: 1,
                         answered: 0,
+                        ahead: false,
                     }
                 }
             }
             Mode::Poll { left: 0 | 1, .. } => Mode::Probe {
                 waits: 0,
                 answered: 0,
+                ahead: false,
             },
             Mode::Poll {
                 left,
@@ -174,6 +204,7 @@ impl PollPolicy {
                     Mode::Probe {
                         waits: 0,
                         answered: 0,
+                        ahead: false,
                     }
                 } else {
                     Mode::Poll {
@@ -186,17 +217,49 @@ impl PollPolicy {
         };
     }
 
+    /// Whether the transmission loop should look, now that a wait between requests has
+    /// ended with data, whether a reply of ours is still unread ([`Self::sent_ahead`]).
+    pub fn wants_send_queue(&self) -> bool {
+        match self.mode {
+            Mode::Probe { ahead, .. } => !ahead,
+            Mode::Poll { waits, .. } => waits % CHECK_EVERY == 0,
+        }
+    }
+
+    /// A request arrived while a reply of ours was still unread: the client keeps several
+    /// requests in flight, so it is not polled between requests until a probe finds
+    /// otherwise.
+    pub fn sent_ahead(&mut self) {
+        self.mode = match self.mode {
+            Mode::Probe {
+                waits, answered, ..
+            } => Mode::Probe {
+                waits,
+                answered,
+                ahead: true,
+            },
+            Mode::Poll { .. } => Mode::Probe {
+                waits: 0,
+                answered: 0,
+                ahead: false,
+            },
+        };
+    }
+
     /// True while the connection polls between requests (a ping-pong client).
     pub fn polls_between(&self) -> bool {
         matches!(self.mode, Mode::Poll { .. })
     }
 
-    /// How long to poll at this wait; None: sleep at once.
+    /// How long to poll at this wait; None: sleep at once. Only a ping-pong client is polled
+    /// for, mid-request too: a client with requests in flight hides our wake-up behind them.
     pub fn window(&mut self, wait: Wait) -> Option<Duration> {
+        if !self.polls_between() {
+            return None;
+        }
         match wait {
             Wait::MidRequest => self.mid.window(self.max),
-            Wait::BetweenRequests if self.polls_between() => self.between.window(self.max),
-            Wait::BetweenRequests => None,
+            Wait::BetweenRequests => self.between.window(self.max),
         }
     }
 
@@ -336,9 +399,10 @@ mod tests {
             None,
             "a new connection sleeps through its first probe"
         );
-        assert!(
-            p.window(M).is_some(),
-            "the rest of a request is always polled for"
+        assert_eq!(
+            p.window(M),
+            None,
+            "nor for the rest of a request until the client is known to ping-pong"
         );
         // A client with several requests in flight: probe after probe, never polled.
         for _ in 0..10 * PROBE {
@@ -396,6 +460,46 @@ mod tests {
             p.answered(1);
             assert!(p.polls_between());
         }
+    }
+
+    #[test]
+    fn a_request_sent_ahead_of_a_reply_stops_polling() {
+        // One request per wait, as a fast server sees a client with 32 in flight; but one
+        // request in the probe came while a reply was unread: not polled.
+        let mut p = PollPolicy::new(MAX);
+        p.answered(1);
+        assert!(p.wants_send_queue());
+        p.sent_ahead();
+        assert!(!p.wants_send_queue(), "one sign per probe is enough");
+        for _ in 0..PROBE {
+            p.answered(1);
+            assert!(!p.polls_between());
+        }
+        assert!(!p.polls_between(), "{:?}", p.mode);
+        assert_eq!(p.window(B), None);
+        assert_eq!(p.window(M), None);
+        // The next probe asks again; without a sign the client is polled.
+        assert!(p.wants_send_queue());
+        while !p.polls_between() {
+            p.answered(1);
+        }
+        assert!(p.window(B).is_some() && p.window(M).is_some());
+        // While polling it asks every CHECK_EVERY waits, and a sign ends the run at once.
+        let mut asked = 0;
+        for _ in 0..4 * CHECK_EVERY {
+            asked += p.wants_send_queue() as u32;
+            p.answered(1);
+        }
+        assert_eq!(asked, 4);
+        assert!(p.polls_between());
+        p.sent_ahead();
+        assert!(!p.polls_between());
+        assert_eq!(p.window(B), None);
+        // ... and the probe after it judges afresh.
+        for _ in 0..=PROBE + 1 {
+            p.answered(1);
+        }
+        assert!(p.polls_between());
     }
 
     #[test]

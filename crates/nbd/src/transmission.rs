@@ -267,6 +267,24 @@ impl InBuf {
     }
 }
 
+/// Bytes this end has written to socket `fd` that the peer has not read yet (Unix sockets;
+/// on TCP, bytes not yet acknowledged); None if the socket cannot tell.
+fn unread_by_peer(fd: std::os::fd::RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `fd` is this connection's open socket (see `InBuf::poll`); TIOCOUTQ (alias
+    // SIOCOUTQ) writes one c_int through the pointer, which points at `n`.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    (r == 0 && n >= 0).then_some(n as usize)
+}
+
+/// A wait between requests ended with data: tell the policy, when it asks, whether the
+/// client sent it while a reply of ours was still unread (it keeps requests in flight).
+fn check_sent_ahead(p: &mut PollPolicy, fd: std::os::fd::RawFd) {
+    if p.wants_send_queue() && unread_by_peer(fd).is_some_and(|n| n > 0) {
+        p.sent_ahead();
+    }
+}
+
 /// Write whole buffers with as few `writev` calls as possible.
 fn write_batch<W: Write>(w: &mut W, batch: &[Reply]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len().min(MAX_IOV));
@@ -433,12 +451,19 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     .is_some_and(|w| bp.slots.try_take().is_some_and(|_slot| inb.poll(bp.fd, w)));
                 if caught {
                     p.observe(wait, waited.expect("timed").elapsed());
+                    if wait == Wait::BetweenRequests {
+                        check_sent_ahead(p, bp.fd);
+                    }
                     continue;
                 }
             }
             let n = inb.fill(r)?;
             if let (Some(p), Some(t0)) = (policy.as_mut(), waited) {
                 p.observe(wait, t0.elapsed());
+                if wait == Wait::BetweenRequests && n > 0 {
+                    let fd = self.limits.busy_poll.as_ref().expect("policy").fd;
+                    check_sent_ahead(p, fd);
+                }
             }
             if n == 0 {
                 if inb.avail().is_empty() {
@@ -790,5 +815,27 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             Ok(()) => out,
             Err(e) => self.error(req, e.kind.nbd_errno(), &e.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    /// The busy-poll policy's sign of a client with requests in flight: the send queue of a
+    /// Unix socket holds what the peer has not read yet.
+    #[test]
+    fn unread_by_peer_counts_bytes_until_the_peer_reads_them() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        assert_eq!(unread_by_peer(a.as_raw_fd()), Some(0));
+        a.write_all(&[7u8; 100]).unwrap();
+        a.write_all(&[8u8; 16]).unwrap();
+        assert!(unread_by_peer(a.as_raw_fd()).is_some_and(|n| n >= 116));
+        let mut got = [0u8; 116];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(unread_by_peer(a.as_raw_fd()), Some(0));
+        assert_eq!(unread_by_peer(-1), None, "a bad descriptor cannot tell");
     }
 }
