@@ -110,9 +110,10 @@ impl Compressor {
         self.skip.store(0, Relaxed);
     }
 
-    /// Compresses `block` into `out` (at least `SCRATCH` bytes) if the setting and the back-off
-    /// allow and it pays.
-    pub fn compress(&self, block: &[u8], out: &mut [u8]) -> Outcome {
+    /// Compresses `block` into `out` if the setting and the back-off allow and it pays. `out`
+    /// grows to [`SCRATCH`] bytes only when a block is tried, so a volume that does not
+    /// compress (setting off, or backing off from incompressible data) pays nothing for it.
+    pub fn compress(&self, block: &[u8], out: &mut Vec<u8>) -> Outcome {
         let setting = self.setting();
         if setting == Compression::Off {
             return Outcome::Skipped;
@@ -121,6 +122,9 @@ impl Compressor {
         if skip > 0 {
             self.skip.store(skip - 1, Relaxed);
             return Outcome::Skipped;
+        }
+        if out.len() < SCRATCH {
+            out.resize(SCRATCH, 0);
         }
         match encode(setting, block, out) {
             Some(n) => {
@@ -270,7 +274,12 @@ mod tests {
     fn backs_off_on_incompressible_data() {
         let c = Compressor::new(Compression::Lz4);
         let mut x = 7u64;
-        let mut out = vec![0u8; SCRATCH];
+        let mut out = Vec::new();
+        assert!(matches!(
+            Compressor::new(Compression::Off).compress(&[0u8; BLOCK], &mut out),
+            Outcome::Skipped
+        ));
+        assert!(out.is_empty(), "nothing tried, no scratch space");
         let mut skipped = 0;
         for _ in 0..200 {
             let block: Vec<u8> = (0..BLOCK)

@@ -291,7 +291,7 @@ impl Inner {
         data: &[u8],
         host_bytes: u64,
     ) -> Result<()> {
-        let mut scratch = [0u8; crate::compress::SCRATCH];
+        let mut scratch = Vec::new();
         let (stored, flags): (&[u8], u8) = match vol.compressor.compress(data, &mut scratch) {
             Outcome::Compressed(n) => {
                 Stats::add(&self.stats.compressed_blocks, 1);
