@@ -267,8 +267,9 @@ impl InBuf {
     }
 }
 
-/// Bytes this end has written to socket `fd` that the peer has not read yet (Unix sockets;
-/// on TCP, bytes not yet acknowledged); None if the socket cannot tell.
+/// How much of what this end wrote to socket `fd` the peer has not read yet (Unix sockets:
+/// the kernel's accounting of those buffers, at least their bytes, 0 once all is read; TCP:
+/// bytes not yet acknowledged); None if the socket cannot tell.
 fn unread_by_peer(fd: std::os::fd::RawFd) -> Option<usize> {
     let mut n: libc::c_int = 0;
     // SAFETY: `fd` is this connection's open socket (see `InBuf::poll`); TIOCOUTQ (alias
