@@ -24,13 +24,7 @@ struct NullExport(u64);
 
 impl NullExport {
     fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.0 => Ok(()),
-            _ => Err(ExportError::new(
-                flashpool_nbd::ErrorKind::Invalid,
-                "past the end",
-            )),
-        }
+        flashpool_nbd::export::check_range(self.0, offset, len)
     }
 }
 

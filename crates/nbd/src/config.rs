@@ -32,8 +32,8 @@ pub struct Config {
     /// its socket for the next request (non-blocking) for up to this long before it sleeps
     /// in `recv`. Polling trades CPU for latency: a sleeping thread costs a wake-up per
     /// request (an inter-processor interrupt, tens of microseconds on some VMs), a polling
-    /// one the CPU time it spins. So a connection polls for the rest of a request whose
-    /// header is in, and between requests only for a client that waits for each reply (see
+    /// one the CPU time it spins. So a connection polls only for a client that waits for
+    /// each reply, between requests and for the rest of a request whose header is in (see
     /// `poll_policy.rs`); the window adapts to the client's recent gaps (at most this), and
     /// polling backs off while the client is slow or idle, so an idle connection costs next
     /// to nothing. Zero never polls. Unix and TCP sockets only.

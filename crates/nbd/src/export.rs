@@ -143,6 +143,15 @@ impl Extent {
     }
 }
 
+/// `Err(Invalid)` unless `offset..offset+len` lies within an export of `size` bytes: the
+/// range check an [`Export`] makes before it touches its storage.
+pub fn check_range(size: u64, offset: u64, len: u64) -> Result<(), ExportError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(ExportError::new(ErrorKind::Invalid, "range beyond the end")),
+    }
+}
+
 /// A block device the server exports. All methods may be called from many
 /// threads at once (several requests in flight, several connections).
 ///

@@ -99,10 +99,7 @@ impl MemExport {
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(ExportError::new(ErrorKind::Invalid, "range beyond the end")),
-        }
+        crate::export::check_range(self.size, offset, len)
     }
 
     fn zero_range(&self, offset: u64, len: u64, keep_allocated: bool) {

@@ -51,7 +51,7 @@ pub const POLL_RUN: u32 = 1024;
 /// A polling connection looks at its send queue on every this-many-th wait.
 pub const CHECK_EVERY: u32 = 4;
 
-/// What a connection does between requests.
+/// Whether a connection polls (and what it counts to decide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Sleeping, counting the requests answered per wait (the first count after polling is
@@ -69,6 +69,16 @@ enum Mode {
         waits: u32,
         answered: u32,
     },
+}
+
+impl Mode {
+    /// A probe from its start, after a polling run or on a new connection: its first count is
+    /// skipped.
+    const FRESH_PROBE: Mode = Mode::Probe {
+        waits: 0,
+        answered: 0,
+        ahead: false,
+    };
 }
 
 /// Where a connection waits.
@@ -139,11 +149,7 @@ impl PollPolicy {
             max,
             mid: g.clone(),
             between: g,
-            mode: Mode::Probe {
-                waits: 0,
-                answered: 0,
-                ahead: false,
-            },
+            mode: Mode::FRESH_PROBE,
         }
     }
 
@@ -182,11 +188,7 @@ impl PollPolicy {
                     }
                 }
             }
-            Mode::Poll { left: 0 | 1, .. } => Mode::Probe {
-                waits: 0,
-                answered: 0,
-                ahead: false,
-            },
+            Mode::Poll { left: 0 | 1, .. } => Mode::FRESH_PROBE,
             Mode::Poll {
                 left,
                 waits,
@@ -201,11 +203,7 @@ impl PollPolicy {
                     }
                 } else if a * 4 > waits * 5 {
                     // Ping-pong never sends a second request before a reply: not this client.
-                    Mode::Probe {
-                        waits: 0,
-                        answered: 0,
-                        ahead: false,
-                    }
+                    Mode::FRESH_PROBE
                 } else {
                     Mode::Poll {
                         left: left - 1,
@@ -238,23 +236,20 @@ impl PollPolicy {
                 answered,
                 ahead: true,
             },
-            Mode::Poll { .. } => Mode::Probe {
-                waits: 0,
-                answered: 0,
-                ahead: false,
-            },
+            Mode::Poll { .. } => Mode::FRESH_PROBE,
         };
     }
 
-    /// True while the connection polls between requests (a ping-pong client).
-    pub fn polls_between(&self) -> bool {
+    /// True while the connection polls (a ping-pong client), between requests and for the
+    /// rest of a request.
+    pub fn polls(&self) -> bool {
         matches!(self.mode, Mode::Poll { .. })
     }
 
     /// How long to poll at this wait; None: sleep at once. Only a ping-pong client is polled
     /// for, mid-request too: a client with requests in flight hides our wake-up behind them.
     pub fn window(&mut self, wait: Wait) -> Option<Duration> {
-        if !self.polls_between() {
+        if !self.polls() {
             return None;
         }
         match wait {
@@ -331,7 +326,7 @@ mod tests {
         for _ in 0..=PROBE {
             p.answered(1);
         }
-        assert!(p.polls_between());
+        assert!(p.polls());
         p
     }
 
@@ -411,7 +406,7 @@ mod tests {
         }
         // One request per wait: polled from the end of the next probe on.
         let mut waits = 0;
-        while !p.polls_between() {
+        while !p.polls() {
             p.answered(1);
             waits += 1;
         }
@@ -420,32 +415,32 @@ mod tests {
         // Polled for POLL_RUN waits, then probed again while sleeping.
         for _ in 0..POLL_RUN - 1 {
             p.answered(1);
-            assert!(p.polls_between());
+            assert!(p.polls());
         }
         p.answered(1);
-        assert!(!p.polls_between());
+        assert!(!p.polls());
         // The probe: the first count (made while polling) is skipped; a streaming client
         // stays asleep, and it takes PROBE + 1 waits to judge.
         for _ in 0..=PROBE {
             p.answered(2);
-            assert!(!p.polls_between());
+            assert!(!p.polls());
         }
         p.answered(2);
-        assert!(!p.polls_between());
+        assert!(!p.polls());
         // Huge batches count as 64 requests each.
         p.answered(u32::MAX);
-        assert!(!p.polls_between());
+        assert!(!p.polls());
     }
 
     #[test]
     fn a_polled_client_that_sends_ahead_is_left_to_sleep() {
         let mut p = PollPolicy::new(MAX);
-        while !p.polls_between() {
+        while !p.polls() {
             p.answered(1);
         }
         // Mostly one request per wait, but every other wait finds two: 1.5 per wait.
         let mut waits = 0;
-        while p.polls_between() {
+        while p.polls() {
             p.answered(1 + waits % 2);
             waits += 1;
         }
@@ -453,12 +448,12 @@ mod tests {
         assert_eq!(p.window(B), None);
         // Strict ping-pong keeps polling for the whole run.
         let mut p = PollPolicy::new(MAX);
-        while !p.polls_between() {
+        while !p.polls() {
             p.answered(1);
         }
         for _ in 0..POLL_RUN - 1 {
             p.answered(1);
-            assert!(p.polls_between());
+            assert!(p.polls());
         }
     }
 
@@ -473,14 +468,14 @@ mod tests {
         assert!(!p.wants_send_queue(), "one sign per probe is enough");
         for _ in 0..PROBE {
             p.answered(1);
-            assert!(!p.polls_between());
+            assert!(!p.polls());
         }
-        assert!(!p.polls_between(), "{:?}", p.mode);
+        assert!(!p.polls(), "{:?}", p.mode);
         assert_eq!(p.window(B), None);
         assert_eq!(p.window(M), None);
         // The next probe asks again; without a sign the client is polled.
         assert!(p.wants_send_queue());
-        while !p.polls_between() {
+        while !p.polls() {
             p.answered(1);
         }
         assert!(p.window(B).is_some() && p.window(M).is_some());
@@ -491,15 +486,15 @@ mod tests {
             p.answered(1);
         }
         assert_eq!(asked, 4);
-        assert!(p.polls_between());
+        assert!(p.polls());
         p.sent_ahead();
-        assert!(!p.polls_between());
+        assert!(!p.polls());
         assert_eq!(p.window(B), None);
         // ... and the probe after it judges afresh.
         for _ in 0..=PROBE + 1 {
             p.answered(1);
         }
-        assert!(p.polls_between());
+        assert!(p.polls());
     }
 
     #[test]
