@@ -459,11 +459,11 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 }
             }
             let n = inb.fill(r)?;
-            if let (Some(p), Some(t0)) = (policy.as_mut(), waited) {
+            if let (Some(bp), Some(p), Some(t0)) = (&self.limits.busy_poll, policy.as_mut(), waited)
+            {
                 p.observe(wait, t0.elapsed());
                 if wait == Wait::BetweenRequests && n > 0 {
-                    let fd = self.limits.busy_poll.as_ref().expect("policy").fd;
-                    check_sent_ahead(p, fd);
+                    check_sent_ahead(p, bp.fd);
                 }
             }
             if n == 0 {
