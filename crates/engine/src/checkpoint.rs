@@ -67,7 +67,7 @@ impl Inner {
             }
             cw.finish()
         };
-        let crc = crc32c::crc32c(&bytes);
+        let crc = crate::crc::checksum(&bytes);
 
         let seq_start = w.next_seq;
         let mut segments = BTreeSet::new();

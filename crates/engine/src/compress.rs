@@ -25,7 +25,7 @@ pub const RAW_WITH_CRC: usize = BLOCK + UNIT;
 /// The stored form of a raw block placed off 4 KiB alignment: the block and its CRC32C.
 pub fn raw_with_crc(block: &[u8], out: &mut [u8]) {
     out[..BLOCK].copy_from_slice(block);
-    out[BLOCK..BLOCK + 4].copy_from_slice(&crc32c::crc32c(block).to_le_bytes());
+    out[BLOCK..BLOCK + 4].copy_from_slice(&crate::crc::checksum(block).to_le_bytes());
     out[BLOCK + 4..RAW_WITH_CRC].fill(0);
 }
 const ZSTD_BIT: u16 = 1 << 15;
@@ -167,7 +167,7 @@ pub fn encode(c: Compression, block: &[u8], out: &mut [u8]) -> Option<usize> {
         return None;
     }
     out[..2].copy_from_slice(&(n as u16 | bit).to_le_bytes());
-    out[2..HEADER].copy_from_slice(&crc32c::crc32c(block).to_le_bytes());
+    out[2..HEADER].copy_from_slice(&crate::crc::checksum(block).to_le_bytes());
     out[n + HEADER..stored].fill(0);
     Some(stored)
 }
@@ -182,7 +182,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
     if stored.len() == RAW_WITH_CRC {
         out.copy_from_slice(&stored[..BLOCK]);
         let want = u32::from_le_bytes(stored[BLOCK..BLOCK + 4].try_into().expect("4 bytes"));
-        if crc32c::crc32c(out) != want {
+        if crate::crc::checksum(out) != want {
             return Err(bad("CRC32C mismatch"));
         }
         return Ok(());
@@ -204,7 +204,7 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
     if got != BLOCK {
         return Err(bad("does not expand to 4096 bytes"));
     }
-    if crc32c::crc32c(out) != want {
+    if crate::crc::checksum(out) != want {
         return Err(bad("CRC32C mismatch after decompression"));
     }
     Ok(())

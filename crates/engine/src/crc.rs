@@ -1,5 +1,12 @@
-//! CRC32C of a concatenation from the CRCs of its parts, so a chunk's checksum is derived from
-//! the checksums its blocks already carry instead of reading every byte a second time.
+//! CRC32C (Castagnoli), the checksum of every on-disk structure: of bytes ([`checksum`]), and of
+//! a concatenation from the CRCs of its parts ([`combine`]), so a chunk's checksum is derived
+//! from the checksums its blocks already carry instead of reading every byte a second time.
+//!
+//! The bytes are checksummed by the `crc-fast` crate: carry-less-multiply folding (AVX-512
+//! VPCLMULQDQ, PCLMULQDQ, or ARMv8 PMULL, picked at run time), about twice the `crc32c` crate's
+//! speed (three interleaved SSE4.2 `crc32` instructions) from 512 bytes up on this project's
+//! machines: 87 against 184 ns per 4 KiB block, the checksum every write and read computes. The
+//! `crc32c` crate stays as the reference the tests compare with.
 //!
 //! The arithmetic is zlib's `crc32_combine` (Mark Adler): appending `n` bytes to a message
 //! multiplies its CRC by x^(8n) modulo the CRC polynomial, so crc(A‖B) = crc(A)·x^(8|B|) ⊕
@@ -10,6 +17,21 @@
 //! combine costs one 32-step product.
 
 use crate::format::BLOCK;
+
+/// CRC32C of `data`.
+#[inline]
+pub fn checksum(data: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(data)
+}
+
+/// CRC32C of the concatenation of `parts`.
+pub fn checksum_parts(parts: &[&[u8]]) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    for p in parts {
+        d.update(p);
+    }
+    d.finalize() as u32
+}
 
 /// The CRC32C (Castagnoli) polynomial, reflected.
 const POLY: u32 = 0x82F6_3B78;
@@ -90,6 +112,23 @@ mod tests {
     }
 
     #[test]
+    fn checksum_of_every_short_length_and_alignment() {
+        let data: Vec<u8> = (0..1100u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        for skip in 0..16 {
+            for len in 0..1024 {
+                let d = &data[skip..skip + len];
+                assert_eq!(
+                    checksum(d),
+                    crc32c::crc32c(d),
+                    "length {len} at offset {skip}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn whole_blocks() {
         let blocks: Vec<Vec<u8>> = (0..5u8)
             .map(|i| (0..BLOCK).map(|j| (j as u8).wrapping_mul(i + 7)).collect())
@@ -104,6 +143,21 @@ mod tests {
     }
 
     proptest! {
+        /// The fast checksum against the `crc32c` crate, at every length and alignment around
+        /// the SIMD paths' block sizes, whole and in parts.
+        #[test]
+        fn checksum_matches_the_reference(
+            data in proptest::collection::vec(any::<u8>(), 0..9000),
+            skip in 0usize..64,
+            cut in any::<proptest::sample::Index>(),
+        ) {
+            let d = &data[skip.min(data.len())..];
+            prop_assert_eq!(checksum(d), crc32c::crc32c(d));
+            let (a, b) = d.split_at(cut.index(d.len() + 1));
+            prop_assert_eq!(checksum_parts(&[a, b]), crc32c::crc32c(d));
+            prop_assert_eq!(checksum_parts(&[]), crc32c::crc32c(&[]));
+        }
+
         /// Against the bytes, and against the crc32c crate's own (matrix) combine.
         #[test]
         fn matches_the_concatenation(

@@ -236,7 +236,7 @@ impl Inner {
                     continue;
                 }
                 self.read_block(&v, lba, &mut block)?;
-                let crc = crc32c::crc32c(&block);
+                let crc = crate::crc::checksum(&block);
                 self.logged_in(Stream::Gc, urgent, |open| {
                     if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
                         return Ok(Some(()));

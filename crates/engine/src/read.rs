@@ -78,7 +78,7 @@ impl Inner {
             let res = if len == BLOCK && offset.is_multiple_of(BLOCK as u64) {
                 drive
                     .read_at(offset, out)
-                    .map(|_| entry.tag_matches(crc32c::crc32c(out)))
+                    .map(|_| entry.tag_matches(crate::crc::checksum(out)))
             } else {
                 // A packed block (compressed, or raw after a compressed one): read the 4 KiB
                 // blocks around it.
@@ -91,7 +91,7 @@ impl Inner {
                 let at = (offset - start) as usize;
                 drive.read_at(start, tmp).map(|_| {
                     let stored = &tmp[at..at + len];
-                    entry.tag_matches(crc32c::crc32c(stored))
+                    entry.tag_matches(crate::crc::checksum(stored))
                         && compress::decode(stored, out).is_ok()
                 })
             };
@@ -123,7 +123,7 @@ impl Inner {
         };
         let at = (offset - desc.chunks[j].data_offset()) as usize;
         let stored = &shards[j][at..at + len];
-        if !entry.tag_matches(crc32c::crc32c(stored)) {
+        if !entry.tag_matches(crate::crc::checksum(stored)) {
             return Err(Error::Unavailable(format!(
                 "block at drive {d} offset {offset} fails its CRC after reconstruction"
             )));
@@ -158,7 +158,7 @@ impl Inner {
                     match drive.read_at(c.data_offset(), &mut buf[..c.len as usize]) {
                         Ok(()) => {
                             Stats::add(&self.stats.media_read_bytes, c.len as u64);
-                            let good = crc32c::crc32c(&buf[..c.len as usize]) == c.crc;
+                            let good = crate::crc::checksum(&buf[..c.len as usize]) == c.crc;
                             if !good {
                                 Stats::add(&self.stats.crc_errors, 1);
                             }
@@ -181,7 +181,7 @@ impl Inner {
             self.codec.reconstruct(&mut refs, &present)?;
             for &i in &lost {
                 let c = &s.chunks[i];
-                if i < s.w && crc32c::crc32c(&shards[i][..c.len as usize]) != c.crc {
+                if i < s.w && crate::crc::checksum(&shards[i][..c.len as usize]) != c.crc {
                     return Err(Error::Unavailable(format!(
                         "stripe {} chunk {i} fails its CRC after reconstruction",
                         s.seq

@@ -242,7 +242,7 @@ impl Inner {
             ));
         }
         bytes.truncate(cp.len as usize);
-        if crc32c::crc32c(&bytes) != cp.crc {
+        if crate::crc::checksum(&bytes) != cp.crc {
             return Err(Error::corrupt("checkpoint checksum mismatch"));
         }
         let img = CheckpointImage::decode(&bytes)?;

@@ -127,7 +127,7 @@ impl OpenStripe {
         let (from, to) = (self.data_pos(chunk, off), self.data_pos(chunk, end));
         let crc = self.buf.data.write().as_mut().map(|b| {
             b[from..to].fill(0);
-            crc32c::crc32c(&b[from..to])
+            crate::crc::checksum(&b[from..to])
         });
         if let Some(c) = crc {
             self.extend_crc_run(chunk, off, end - off, c);
@@ -214,7 +214,7 @@ impl OpenStripe {
             let b = g.as_mut().expect("open stripe owns its buffer");
             if trailer {
                 raw_with_crc(data, &mut b[pos..pos + len]);
-                crc32c::crc32c(&b[pos..pos + len])
+                crate::crc::checksum(&b[pos..pos + len])
             } else {
                 b[pos..pos + len].copy_from_slice(data);
                 crc
@@ -248,7 +248,7 @@ impl OpenStripe {
             }
             let n = room.min(data.len() - done);
             let pos = self.data_pos(self.chunk, self.fill);
-            let crc = crc32c::crc32c(&data[done..done + n]);
+            let crc = crate::crc::checksum(&data[done..done + n]);
             self.extend_crc_run(self.chunk, self.fill, n, crc);
             {
                 let mut g = self.buf.data.write();
@@ -424,10 +424,10 @@ impl SealedStripe {
             // A data chunk filled in order has its CRC already; parity is read once here.
             c.crc = match self.crc_runs.get(i) {
                 Some(&Some((crc, upto))) if i < self.w && upto == c.len as usize => {
-                    debug_assert_eq!(crc, crc32c::crc32c(bytes), "folded CRC of chunk {i}");
+                    debug_assert_eq!(crc, crate::crc::checksum(bytes), "folded CRC of chunk {i}");
                     crc
                 }
-                _ => crc32c::crc32c(bytes),
+                _ => crate::crc::checksum(bytes),
             };
         }
         let mut writes = Vec::with_capacity(self.chunks.len());
@@ -497,7 +497,7 @@ mod tests {
         let mut o = open(StripeKind::Data, 0xA5);
         let mut lba = 0;
         let mut push = |o: &mut OpenStripe, data: Vec<u8>| {
-            let crc = crc32c::crc32c(&data);
+            let crc = crate::crc::checksum(&data);
             lba += 1;
             o.append_block(1, lba, &data, crc, 0).is_some()
         };
@@ -530,7 +530,10 @@ mod tests {
             let b = g.as_ref().unwrap();
             for (i, c) in s.chunks.iter().enumerate() {
                 let start = s.regions[i] * s.shape.region() + s.shape.hmax;
-                assert_eq!(c.crc, crc32c::crc32c(&b[start..start + c.len as usize]));
+                assert_eq!(
+                    c.crc,
+                    crate::crc::checksum(&b[start..start + c.len as usize])
+                );
             }
         }
     }

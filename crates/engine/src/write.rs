@@ -309,7 +309,7 @@ impl Inner {
                 (data, 0)
             }
         };
-        let crc = crc32c::crc32c(stored);
+        let crc = crate::crc::checksum(stored);
         self.logged(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
                 return Err(Error::NotFound(format!(

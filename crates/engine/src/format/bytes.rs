@@ -98,7 +98,5 @@ impl<'a> Reader<'a> {
 
 /// CRC32C of `buf` with the 4 bytes at `at` taken as zero.
 pub fn crc_with_hole(buf: &[u8], at: usize) -> u32 {
-    let c = crc32c::crc32c(&buf[..at]);
-    let c = crc32c::crc32c_append(c, &[0u8; 4]);
-    crc32c::crc32c_append(c, &buf[at + 4..])
+    crate::crc::checksum_parts(&[&buf[..at], &[0u8; 4], &buf[at + 4..]])
 }
