@@ -38,7 +38,6 @@ pub struct StripeShape {
 impl StripeShape {
     /// The shape for k + m chunks of `chunk_size` bytes.
     pub fn new(k: usize, m: usize, chunk_size: usize) -> Self {
-        // One write record per block plus room for trims and volume changes.
         // Room for one write record per block at 2:1 compression, plus trims and volume changes.
         let record_budget = (2 * k * chunk_size / BLOCK + 64) * 24 + 512;
         let hmax = header_len(k + m, None) + round_up_block(record_budget);
@@ -102,7 +101,9 @@ impl OpenStripe {
             shape,
             chunk: 0,
             fill: 0,
-            records: Vec::new(),
+            // One write record per uncompressed block (and a few more) without regrowing: the
+            // records vector was reallocated ~8 times per stripe, ~1 % of a 4 KiB write.
+            records: Vec::with_capacity(shape.k * shape.chunk_size / BLOCK + 8),
             record_bytes: 0,
             padding: 0,
             crc_runs: Vec::new(),
