@@ -22,11 +22,15 @@ const HEADER: usize = 6;
 /// CRC32C in a trailer: 4096 bytes, the CRC, zeros to the next 32 bytes.
 pub const RAW_WITH_CRC: usize = BLOCK + UNIT;
 
-/// The stored form of a raw block placed off 4 KiB alignment: the block and its CRC32C.
-pub fn raw_with_crc(block: &[u8], out: &mut [u8]) {
+/// The stored form of a raw block placed off 4 KiB alignment: the block and its CRC32C
+/// (`crc`, which the caller has already computed). Returns the CRC32C of the whole stored form,
+/// folded from `crc` and the trailer's rather than read through the block again.
+pub fn raw_with_crc(block: &[u8], crc: u32, out: &mut [u8]) -> u32 {
+    debug_assert_eq!(crc, crate::crc::checksum(block), "the block's CRC32C");
     out[..BLOCK].copy_from_slice(block);
-    out[BLOCK..BLOCK + 4].copy_from_slice(&crate::crc::checksum(block).to_le_bytes());
+    out[BLOCK..BLOCK + 4].copy_from_slice(&crc.to_le_bytes());
     out[BLOCK + 4..RAW_WITH_CRC].fill(0);
+    crate::crc::combine(crc, crate::crc::checksum(&out[BLOCK..RAW_WITH_CRC]), UNIT)
 }
 const ZSTD_BIT: u16 = 1 << 15;
 /// Store compressed only if at most this many bytes result (saves at least 1/8).
@@ -240,6 +244,25 @@ mod tests {
                     prop_assert_eq!(back, block);
                 }
             }
+        }
+
+        /// The trailer form: its returned CRC is the stored bytes' own, it decodes to the block,
+        /// and a flipped bit anywhere in the block or its CRC is caught.
+        #[test]
+        fn raw_with_crc_round_trip(seed in any::<u64>(), flip in 0usize..(BLOCK + 4) * 8) {
+            let mut x = seed | 1;
+            let block: Vec<u8> = (0..BLOCK).map(|_| {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                x as u8
+            }).collect();
+            let mut out = vec![0xAAu8; RAW_WITH_CRC];
+            let crc = raw_with_crc(&block, crate::crc::checksum(&block), &mut out);
+            prop_assert_eq!(crc, crate::crc::checksum(&out));
+            let mut back = vec![0u8; BLOCK];
+            decode(&out, &mut back).unwrap();
+            prop_assert_eq!(&back, &block);
+            out[flip / 8] ^= 1 << (flip % 8);
+            prop_assert!(decode(&out, &mut back).is_err());
         }
 
         /// Garbage never panics the decoder.

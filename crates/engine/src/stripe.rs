@@ -178,7 +178,7 @@ impl OpenStripe {
     /// and its stored length, or None when the stripe is full (seal, then retry). A raw 4 KiB
     /// block lands 4 KiB-aligned when it can; off alignment (after packed blocks) it is stored
     /// with its CRC32C in a trailer, so every stored form but the aligned one carries a full
-    /// checksum.
+    /// checksum. `crc` is the CRC32C of `data`.
     pub fn append_block(
         &mut self,
         vol: u32,
@@ -214,8 +214,7 @@ impl OpenStripe {
             let mut g = self.buf.data.write();
             let b = g.as_mut().expect("open stripe owns its buffer");
             if trailer {
-                raw_with_crc(data, &mut b[pos..pos + len]);
-                crate::crc::checksum(&b[pos..pos + len])
+                raw_with_crc(data, crc, &mut b[pos..pos + len])
             } else {
                 b[pos..pos + len].copy_from_slice(data);
                 crc
