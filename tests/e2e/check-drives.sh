@@ -4,7 +4,8 @@
 #     (`flashpool drive fail`): the run completes with no verify error, the server rebuilds,
 #     and a second verify pass is clean.
 #  2. a drive is added while fio writes with verify (`flashpool drive add` through the admin
-#     socket): no verify error; after a restart all the data verifies again.
+#     socket): no verify error; after a restart all the data verifies again, and the space
+#     each segment's stripes took is still known (status: segment_utilisation).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: drive checks need flashpool serve"; exit 0; fi
@@ -49,5 +50,9 @@ start_server
 fio "${JOB[@]}" --verify_only --output="$WORK/v2.out"
 fio "${JOB2[@]}" --verify_only --output="$WORK/v3.out"
 if grep -E 'err= *[1-9]|verify: bad' "$WORK/v2.out" "$WORK/v3.out"; then die "verify errors after restart"; fi
+# The cleaner's measure of every segment holding data survives the restart (checkpoint).
+"$FP" status --data "$DATA" --json > "$WORK/status3.json"
+$PY -c "import json,sys; s=json.load(open(sys.argv[1]))['segment_utilisation']; assert sum(s['tenths'])>0 and s['unknown_space']==0, s; print('segments by utilisation after restart', s['tenths'])" "$WORK/status3.json"
+"$FP" status --data "$DATA" | grep 'segments holding data by live share'
 stop_server
 echo "drive add while serving: no verify error, data verified after restart"

@@ -26,6 +26,15 @@ pub fn status_json(pool: &Pool) -> serde_json::Value {
     let stats = pool.stats();
     let rb = pool.rebuild_status();
     let host = stats.host_write_bytes.max(1) as f64;
+    // Segments holding data by the cleaner's measure, in tenths: where its next victims are.
+    let mut tenths = [0u64; 10];
+    let mut unknown_space = 0;
+    for s in pool.segments() {
+        if let Some(u) = s.utilisation {
+            tenths[((u * 10.0) as usize).min(9)] += 1;
+            unknown_space += u64::from(s.written_bytes.is_none());
+        }
+    }
     serde_json::json!({
         "pool": {
             "uuid": info.uuid, "k": info.k, "m": info.m, "drives": info.drive_count,
@@ -33,6 +42,7 @@ pub fn status_json(pool: &Pool) -> serde_json::Value {
             "free_segments": info.free_segments, "capacity_bytes": info.capacity_bytes,
             "live_bytes": info.live_bytes,
         },
+        "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "drives": pool.drives().iter().map(|d| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity,
         })).collect::<Vec<_>>(),

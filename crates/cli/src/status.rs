@@ -1,6 +1,7 @@
-//! `flashpool status`: the pool's geometry, drives, volumes, write amplification (split into
-//! GC, parity, metadata and padding), compression, rebuild progress and counters; from a running
-//! server through its admin socket, or from the data dir directly.
+//! `flashpool status`: the pool's geometry, drives, volumes, how full the segments holding data
+//! are, write amplification (split into GC, parity, metadata and padding), compression,
+//! rebuild progress and counters; from a running server through its admin socket, or from the
+//! data dir directly.
 
 use crate::{admin, datadir};
 use anyhow::Result;
@@ -44,6 +45,27 @@ pub fn run(a: StatusArgs) -> Result<()> {
         p["segments"],
         p["live_bytes"].as_u64().unwrap_or(0) >> 20,
         p["capacity_bytes"].as_u64().unwrap_or(0) >> 20
+    );
+    let su = &v["segment_utilisation"];
+    let tenths: Vec<String> = su["tenths"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+        .map(|(i, n)| format!("{}-{}%: {n}", i * 10, i * 10 + 10))
+        .collect();
+    println!(
+        "segments holding data by live share (the cleaner's measure): {}{}",
+        if tenths.is_empty() {
+            "none".to_string()
+        } else {
+            tenths.join(", ")
+        },
+        match su["unknown_space"].as_u64().unwrap_or(0) {
+            0 => String::new(),
+            n => format!(" ({n} written before a restart from an old checkpoint, estimated)"),
+        }
     );
     let w = &v["write_amplification"];
     println!(

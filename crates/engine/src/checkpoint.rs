@@ -1,5 +1,5 @@
 //! Taking a checkpoint: with writers held off, seal and write the open stripe, encode the
-//! pool's metadata (volumes, maps, segment states), write it as erasure-coded stripes of kind
+//! pool's metadata (volumes, maps, segment states and the space their stripes took), write it as erasure-coded stripes of kind
 //! Checkpoint, flush, then point every drive's superblock at it.
 //!
 //! The previous checkpoint's segments stay reserved until the next one, so a crash at any
@@ -14,6 +14,7 @@ use crate::map::Entry;
 use crate::pool::Inner;
 use crate::stats::Stats;
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
 impl Inner {
     /// Writes a checkpoint of the whole pool state.
@@ -41,9 +42,20 @@ impl Inner {
             .iter()
             .map(|s| if *s == SegState::Reclaimed { SegState::Free } else { *s } as u8)
             .collect();
+        // The cleaner's measure of segments holding data; the rest start from 0 when reused.
+        let space: Vec<u64> = w
+            .segs
+            .states
+            .iter()
+            .zip(&self.written_slots)
+            .map(|(st, slots)| match st {
+                SegState::Used | SegState::Open => slots.load(Ordering::Relaxed),
+                _ => 0,
+            })
+            .collect();
         let bytes = {
             let t = self.volumes.read();
-            let mut cw = CheckpointWriter::new(t.next_id, &states, t.by_id.len() as u32);
+            let mut cw = CheckpointWriter::new(t.next_id, &states, &space, t.by_id.len() as u32);
             let mut ids: Vec<&u32> = t.by_id.keys().collect();
             ids.sort();
             for id in ids {
@@ -51,7 +63,7 @@ impl Inner {
                 cw.volume(
                     v.id,
                     &v.name,
-                    v.size.load(std::sync::atomic::Ordering::Relaxed),
+                    v.size.load(Ordering::Relaxed),
                     v.compressor.setting() as u8,
                 );
                 v.map.for_each_run(|lba, entries| {

@@ -8,7 +8,7 @@
 //! and it is reused only after a checkpoint, so every trim and delete it logged is captured.
 
 use crate::error::{Error, Result};
-use crate::format::header::{Record, StripeKind};
+use crate::format::header::{ChunkLoc, Record, StripeKind};
 use crate::layout::{SegState, Stream};
 use crate::map::Entry;
 use crate::pool::Inner;
@@ -40,11 +40,11 @@ impl std::str::FromStr for GcPolicy {
 }
 
 /// What a segment's space holds when written at today's width (`Inner::room_now`).
-struct RoomNow {
+pub(crate) struct RoomNow {
     /// Data bytes per byte of data and parity in today's stripes.
     data_fraction: f64,
     /// Data bytes a whole segment holds (measured against when a segment's own stripes are
-    /// unknown, after a restart). Measuring against full width while drives are out would
+    /// unknown: used before a restart from a version-1 checkpoint). Measuring against full width while drives are out would
     /// make every segment look worth cleaning and the cleaner churn.
     segment_capacity: f64,
 }
@@ -52,7 +52,7 @@ struct RoomNow {
 impl Inner {
     /// What a segment's space holds at today's stripe width (narrower while drives are out),
     /// taken once per victim choice.
-    fn room_now(&self) -> RoomNow {
+    pub(crate) fn room_now(&self) -> RoomNow {
         let up = self.healthy().iter().filter(|h| **h).count() as u64;
         let m = self.geo.m as u64;
         let w = (self.width.load(Ordering::Relaxed) as u64)
@@ -69,19 +69,28 @@ impl Inner {
         }
     }
 
+    /// The space (data and parity bytes) a data stripe takes in its segment: what
+    /// `written_slots` adds up, when the stripe completes and when recovery replays it.
+    pub(crate) fn stripe_space(chunks: &[ChunkLoc], w: usize, m: usize) -> u64 {
+        let data: u64 = chunks[..w].iter().map(|c| c.len as u64).sum();
+        // The data's share of the stripe's space, parity included: the cleaner compares live
+        // bytes with what that space holds at the width stripes have later.
+        data * (w + m) as u64 / w.max(1) as u64
+    }
+
     /// The fraction of a segment's space its live data would take if rewritten now: what
     /// cleaning it costs, against the one segment it frees. A segment written at another
     /// width than today's counts at today's: one written narrow while drives were out is
     /// worth cleaning once the pool is wider again (its data packs into less space), and one
     /// written wide is not worth cleaning while the pool is narrow (its data would take more).
-    fn utilisation(&self, seg: usize, now: &RoomNow) -> f64 {
+    pub(crate) fn utilisation(&self, seg: usize, now: &RoomNow) -> f64 {
         let live = self.live[seg].load(Ordering::Relaxed) as f64;
         let slots = self.written_slots[seg].load(Ordering::Relaxed) as f64;
         let room = if slots > 0.0 {
             // What the space its stripes took holds at today's data fraction.
             slots * now.data_fraction
         } else {
-            now.segment_capacity // unknown since a restart
+            now.segment_capacity // unknown: used before a restart from a version-1 checkpoint
         };
         (live / room).min(1.0)
     }

@@ -37,7 +37,9 @@ mod write;
 pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;
-pub use pool::{DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, MAX_STRIPE_BUFFERS};
+pub use pool::{
+    DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS,
+};
 pub use rebuild::RebuildStatus;
 pub use recovery::read_superblock;
 pub use stats::StatsSnapshot;

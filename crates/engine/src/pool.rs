@@ -10,7 +10,7 @@ use crate::format::header::MAX_NAME_LEN;
 use crate::format::superblock::{
     validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES,
 };
-use crate::layout::SegmentTable;
+use crate::layout::{SegState, SegmentTable};
 use crate::map::BlockMap;
 use crate::scan::StripeDesc;
 use crate::stats::{Stats, StatsSnapshot};
@@ -241,8 +241,9 @@ pub(crate) struct Inner {
     pub buffers_made: AtomicU64,
     pub max_buffers: u64,
     pub live: Vec<AtomicU64>,
-    /// The space each segment's stripes took since it was opened, in bytes of data and parity
-    /// (0: unknown, after a restart): what the cleaner measures live data against.
+    /// The space each segment's stripes took since it was opened, in bytes of data and parity:
+    /// what the cleaner measures live data against. Kept by checkpoints and replay; 0 for a
+    /// segment holding data means unknown (used before a restart from a version-1 checkpoint).
     pub written_slots: Vec<AtomicU64>,
     pub stats: Stats,
     pub sb: Mutex<SbState>,
@@ -295,6 +296,24 @@ pub struct PoolInfo {
     pub capacity_bytes: u64,
     /// Bytes of live (mapped) data.
     pub live_bytes: u64,
+}
+
+/// One segment as the cleaner sees it (`Pool::segments`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SegmentInfo {
+    pub index: u32,
+    /// `free`, `used`, `checkpoint`, `open`, or `reclaimed` (cleaned, free from the next
+    /// checkpoint on).
+    pub state: &'static str,
+    /// Bytes of live (mapped) data in it.
+    pub live_bytes: u64,
+    /// For a segment holding data (used or open): the bytes, data and parity, its stripes
+    /// took, which the cleaner measures live data against; None where unknown (written before
+    /// a restart from a checkpoint of version 1). 0 for the other states.
+    pub written_bytes: Option<u64>,
+    /// For a segment holding data: the share of its space its live data would take if
+    /// rewritten at today's stripe width (0 to 1), by which the cleaner picks victims.
+    pub utilisation: Option<f64>,
 }
 
 impl Inner {
@@ -622,6 +641,39 @@ impl Pool {
                 * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
         }
+    }
+
+    /// Every segment: its state, live data and the space its stripes took.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let i = &self.inner;
+        let room = i.room_now();
+        let w = i.writer.lock();
+        w.segs
+            .states
+            .iter()
+            .enumerate()
+            .map(|(n, st)| {
+                let written = i.written_slots[n].load(Ordering::Relaxed);
+                let holds_data = matches!(st, SegState::Used | SegState::Open);
+                SegmentInfo {
+                    index: n as u32,
+                    state: match st {
+                        SegState::Free => "free",
+                        SegState::Used => "used",
+                        SegState::Checkpoint => "checkpoint",
+                        SegState::Open => "open",
+                        SegState::Reclaimed => "reclaimed",
+                    },
+                    live_bytes: i.live[n].load(Ordering::Relaxed),
+                    written_bytes: match (holds_data, written) {
+                        (false, _) => Some(0),
+                        (true, 0) => None,
+                        (true, b) => Some(b),
+                    },
+                    utilisation: holds_data.then(|| i.utilisation(n, &room)),
+                }
+            })
+            .collect()
     }
 
     /// Every member drive and its state.

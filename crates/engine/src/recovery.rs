@@ -166,8 +166,8 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         opts.checkpoint_interval,
     )?;
     let started = std::time::Instant::now();
-    inner.load_checkpoint()?;
-    let (replayed, repair) = inner.roll_forward()?;
+    let space_known = inner.load_checkpoint()?;
+    let (replayed, repair) = inner.roll_forward(space_known)?;
     inner.recount_live();
     let up = inner.healthy().iter().filter(|h| **h).count();
     if up <= inner.geo.m as usize {
@@ -205,11 +205,14 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
 }
 
 impl Inner {
-    fn load_checkpoint(&self) -> Result<()> {
+    /// Loads the checkpoint the superblock names; returns whether it held the space each
+    /// segment's stripes took (a version-1 checkpoint did not). No checkpoint: every
+    /// segment is free, so the space is known (none).
+    fn load_checkpoint(&self) -> Result<bool> {
         let cp = self.sb.lock().checkpoint.clone();
         let mut w = self.writer.lock();
         if cp.len == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let mut stripes: BTreeMap<u64, StripeDesc> = BTreeMap::new();
         for &s in &cp.segments {
@@ -254,6 +257,17 @@ impl Inner {
         for (i, st) in img.segment_states.iter().enumerate() {
             w.segs.states[i] = SegState::from_u8(*st)?;
         }
+        // At most every drive's share of a segment, and nothing where no data is.
+        let most = self.geo.segment_size * self.drives.len() as u64;
+        for (i, &space) in img.segment_space.iter().enumerate() {
+            let holds_data = matches!(w.segs.states[i], SegState::Used | SegState::Open);
+            if space > most || (space > 0 && !holds_data) {
+                return Err(Error::corrupt(format!(
+                    "checkpoint says segment {i} took {space} bytes"
+                )));
+            }
+            self.written_slots[i].store(space, Ordering::Relaxed);
+        }
         for &s in &cp.segments {
             w.segs.states[s as usize] = SegState::Checkpoint;
         }
@@ -283,7 +297,7 @@ impl Inner {
             t.by_name.insert(v.name.clone(), v.id);
             t.by_id.insert(v.id, Arc::new(state));
         }
-        Ok(())
+        Ok(!img.segment_space.is_empty())
     }
 
     fn check_media_entry(&self, e: u64, lba: u64, blocks: u64) -> Result<()> {
@@ -308,13 +322,19 @@ impl Inner {
     }
 
     /// Applies every complete stripe after the checkpoint, in order; returns how many, and the
-    /// stripes that could only be read by reconstruction.
-    fn roll_forward(&self) -> Result<(u64, Vec<StripeDesc>)> {
+    /// stripes that could only be read by reconstruction. Adds the space each applied stripe
+    /// took to its segment's; where the checkpoint did not know a segment's space
+    /// (`space_known` false: a version-1 checkpoint), only segments that were free at the
+    /// checkpoint end up known.
+    fn roll_forward(&self, space_known: bool) -> Result<(u64, Vec<StripeDesc>)> {
         let mut repair = Vec::new();
         let cp_end = self.sb.lock().checkpoint.seq_end;
         let mut w = self.writer.lock();
         let scan: Vec<u32> = (0..self.geo.segment_count)
             .filter(|&s| matches!(w.segs.states[s as usize], SegState::Free | SegState::Open))
+            .collect();
+        let open_at_checkpoint: Vec<u32> = (0..self.geo.segment_count)
+            .filter(|&s| w.segs.states[s as usize] == SegState::Open)
             .collect();
         let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
         for s in scan {
@@ -361,9 +381,19 @@ impl Inner {
                 }
             }
             self.apply_records(d, records)?;
+            if d.kind == StripeKind::Data {
+                let space = Inner::stripe_space(&d.chunks, d.w, d.m);
+                self.written_slots[d.segment as usize].fetch_add(space, Ordering::Relaxed);
+            }
             w.segs.states[d.segment as usize] = SegState::Used;
             expected += 1;
             applied += 1;
+        }
+        if !space_known {
+            for s in open_at_checkpoint {
+                // Its stripes before the checkpoint are not counted: unknown, as before.
+                self.written_slots[s as usize].store(0, Ordering::Relaxed);
+            }
         }
         // Never append after a crash point: open segments are closed as they are.
         for st in w.segs.states.iter_mut() {
@@ -453,7 +483,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Recomputes every segment's live bytes from the maps.
+    /// Recomputes every segment's live bytes from the maps (and checks they fit in the space
+    /// its stripes took, where known).
     fn recount_live(&self) {
         let t = self.volumes.read();
         for v in t.by_id.values() {
@@ -465,6 +496,16 @@ impl Inner {
                     }
                 }
             });
+        }
+        for (s, written) in self.written_slots.iter().enumerate() {
+            let (written, live) = (
+                written.load(Ordering::Relaxed),
+                self.live[s].load(Ordering::Relaxed),
+            );
+            debug_assert!(
+                written == 0 || live <= written,
+                "segment {s}: {live} live bytes in the {written} its stripes took"
+            );
         }
     }
 }

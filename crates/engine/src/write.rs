@@ -155,10 +155,7 @@ impl Inner {
     /// the buffer and wakes flushes.
     fn complete(&self, s: &SealedStripe) {
         if s.kind == StripeKind::Data {
-            let data: u64 = s.chunks[..s.w].iter().map(|c| c.len as u64).sum();
-            // The data's share of the stripe's space, parity included: the cleaner compares
-            // live bytes with what that space holds at the width stripes have later.
-            let slots = data * (s.w + s.m) as u64 / s.w.max(1) as u64;
+            let slots = Inner::stripe_space(&s.chunks, s.w, s.m);
             self.written_slots[s.segment as usize].fetch_add(slots, Ordering::Relaxed);
         }
         let mut vol: Option<Arc<VolumeState>> = None;

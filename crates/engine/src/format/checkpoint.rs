@@ -4,12 +4,19 @@
 //! It is written as ordinary erasure-coded stripes of kind `Checkpoint`; the superblock names
 //! its sequence range, segments, length and CRC32C. Maps are stored as runs of consecutive
 //! mapped blocks, so a dense volume costs 8 bytes per block and a sparse one 24 at worst.
+//!
+//! The checkpoint has its own version, [`CHECKPOINT_VERSION`]: version 2 added the space each
+//! segment's stripes took (what the cleaner measures live data against). Version 1 (the pool
+//! format's first) is still read; its segments' space is unknown until they are rewritten.
 
 use super::bytes::{Reader, Writer};
-use super::FORMAT_VERSION;
 use crate::error::{Error, Result};
 
 const CP_MAGIC: [u8; 4] = *b"FPCP";
+/// The version this build writes.
+pub const CHECKPOINT_VERSION: u32 = 2;
+/// The oldest version this build reads (no segment space).
+const CHECKPOINT_VERSION_1: u32 = 1;
 const END_OF_RUNS: u64 = u64::MAX;
 
 /// One volume in a checkpoint.
@@ -30,6 +37,9 @@ pub struct CheckpointImage {
     pub next_volume_id: u32,
     /// One state byte per segment (see `SegmentState`).
     pub segment_states: Vec<u8>,
+    /// Per segment, the bytes (data and parity) its stripes took since it was last opened,
+    /// 0 where unknown or free; empty when the checkpoint predates the field (version 1).
+    pub segment_space: Vec<u64>,
     pub volumes: Vec<VolumeImage>,
 }
 
@@ -39,16 +49,30 @@ pub struct CheckpointWriter {
 }
 
 impl CheckpointWriter {
-    /// Starts a checkpoint with the pool-wide fields.
-    pub fn new(next_volume_id: u32, segment_states: &[u8], volume_count: u32) -> Self {
+    /// Starts a checkpoint with the pool-wide fields; `segment_space` has one entry per
+    /// segment, like `segment_states`.
+    pub fn new(
+        next_volume_id: u32,
+        segment_states: &[u8],
+        segment_space: &[u64],
+        volume_count: u32,
+    ) -> Self {
+        assert_eq!(
+            segment_states.len(),
+            segment_space.len(),
+            "one space entry per segment"
+        );
         let mut w = Writer::with_capacity(1 << 16);
         w.bytes(&CP_MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(CHECKPOINT_VERSION);
         w.u32(next_volume_id);
         w.u32(volume_count);
         w.u32(segment_states.len() as u32);
         w.bytes(segment_states);
         w.pad_to(8);
+        for s in segment_space {
+            w.u64(*s);
+        }
         CheckpointWriter { w }
     }
 
@@ -92,14 +116,26 @@ impl CheckpointImage {
             return Err(Error::corrupt("checkpoint has a bad magic"));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(Error::corrupt(format!("checkpoint version {version}")));
+        if !(CHECKPOINT_VERSION_1..=CHECKPOINT_VERSION).contains(&version) {
+            return Err(Error::corrupt(format!(
+                "checkpoint version {version}, this build reads {CHECKPOINT_VERSION_1} to {CHECKPOINT_VERSION}"
+            )));
         }
         let next_volume_id = r.u32()?;
         let nvol = r.u32()? as usize;
         let nseg = r.u32()? as usize;
         let segment_states = r.take(nseg)?.to_vec();
         r.align(8)?;
+        let segment_space = if version >= 2 {
+            if nseg > r.remaining() / 8 {
+                return Err(Error::corrupt(format!(
+                    "checkpoint of {nseg} segments is too short for their space"
+                )));
+            }
+            (0..nseg).map(|_| r.u64()).collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let mut volumes = Vec::with_capacity(nvol.min(1024));
         for _ in 0..nvol {
             let id = r.u32()?;
@@ -137,6 +173,7 @@ impl CheckpointImage {
         Ok(CheckpointImage {
             next_volume_id,
             segment_states,
+            segment_space,
             volumes,
         })
     }
@@ -148,7 +185,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_truncation() {
-        let mut w = CheckpointWriter::new(5, &[0, 1, 2], 2);
+        let mut w = CheckpointWriter::new(5, &[0, 1, 2], &[0, 7 << 20, 0], 2);
         w.volume(1, "a", 1 << 20, 1);
         w.run(0, &[1, 2, 3]);
         w.run(100, &[9]);
@@ -159,6 +196,7 @@ mod tests {
         let img = CheckpointImage::decode(&buf).unwrap();
         assert_eq!(img.next_volume_id, 5);
         assert_eq!(img.segment_states, vec![0, 1, 2]);
+        assert_eq!(img.segment_space, vec![0, 7 << 20, 0]);
         assert_eq!(
             img.volumes[0].runs,
             vec![(0, vec![1, 2, 3]), (100, vec![9])]
@@ -170,5 +208,38 @@ mod tests {
                 "truncated at {n}"
             );
         }
+    }
+
+    /// A version-1 checkpoint (no segment space), as the first format wrote it, still decodes:
+    /// with the space unknown.
+    #[test]
+    fn version_1_is_read_without_segment_space() {
+        let mut w = Writer::with_capacity(256);
+        w.bytes(&CP_MAGIC);
+        w.u32(1);
+        w.u32(4); // next volume id
+        w.u32(1); // volumes
+        w.u32(3); // segments
+        w.bytes(&[1, 0, 2]);
+        w.pad_to(8);
+        w.u32(2);
+        w.u16(1);
+        w.u16(0);
+        w.u64(8192);
+        w.bytes(b"v");
+        w.pad_to(8);
+        w.u64(1);
+        w.u64(1);
+        w.u64(0xC000_0000_0000_0001);
+        w.u64(END_OF_RUNS);
+        w.u64(0);
+        let img = CheckpointImage::decode(&w.buf).unwrap();
+        assert_eq!(img.segment_states, vec![1, 0, 2]);
+        assert!(img.segment_space.is_empty());
+        assert_eq!(img.volumes[0].runs, vec![(1, vec![0xC000_0000_0000_0001])]);
+        let mut future = w.buf.clone();
+        future[4..8].copy_from_slice(&3u32.to_le_bytes());
+        let err = CheckpointImage::decode(&future).unwrap_err().to_string();
+        assert!(err.contains("checkpoint version 3"), "{err}");
     }
 }

@@ -8,7 +8,9 @@ pub mod superblock;
 
 /// The unit of every on-drive offset and length.
 pub const BLOCK: usize = 4096;
-/// Version of every structure in this module; bumped on any incompatible change.
+/// Version of the superblock and chunk header formats; bumped on any incompatible change. The
+/// checkpoint has its own version (`checkpoint::CHECKPOINT_VERSION`), which older pools' value
+/// still decodes.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Rounds `n` up to a whole number of blocks.
