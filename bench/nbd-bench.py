@@ -15,6 +15,17 @@ import sys
 
 HZ = os.sysconf("SC_CLK_TCK")
 SECTION = "## NBD front-end"
+# Free page reporting (virtio-balloon): free memory the guest hands back to the host, which
+# drops it; the next touch of such a page faults on the host. Its counter, when the kernel has
+# it, says how much was handed back during a point.
+REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def reported_kib():
+    try:
+        return int(open(REPORTED).read())
+    except (OSError, ValueError):
+        return None
 
 
 def snap(pid, out):
@@ -31,11 +42,13 @@ def snap(pid, out):
         f = s[s.rindex(")") + 2:].split()
         procs[p] = (comm, int(f[11]) + int(f[12]))  # utime + stime
     import time
-    json.dump({"t": time.time(), "server": str(pid), "p": procs}, open(out, "w"))
+    json.dump({"t": time.time(), "server": str(pid), "p": procs, "reported_kib": reported_kib()},
+              open(out, "w"))
 
 
 def point(base):
-    """IOPS, mean/p99 latency (us), server CPU us per I/O, other CPU %."""
+    """IOPS, mean/p99 latency (us), server and client (fio) CPU us per I/O, other CPU %,
+    MiB of free memory handed back to the host during the point."""
     j = json.load(open(base + ".json"))["jobs"][0]
     rw = "read" if j["read"]["total_ios"] else "write"
     d = j[rw]
@@ -53,16 +66,26 @@ def point(base):
     # I/Os in the CPU window: fio's rate over its measured runtime times
     # the window (they are the same window up to fio's start-up).
     ios = d["iops"] * dt
+    # fio's own CPU (usr + sys, % of its runtime) per I/O: the client's cost, which sets the
+    # IOPS ceiling when the client is the bottleneck.
+    fio_ios = d["total_ios"]
+    client = ((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1e3 / fio_ios
+              if fio_ios else float("nan"))
+    ra, rb = a.get("reported_kib"), b.get("reported_kib")
     r = {
         "iops": d["iops"],
         "mean": lat["mean"] / 1000,
         "p99": p99,
         "cpu": s_ticks / HZ * 1e6 / ios if ios else float("nan"),
+        "client": client,
         "other": 100 * other / HZ / dt if dt else 0,
+        "reported": (rb - ra) / 1024 if ra is not None and rb is not None else None,
     }
     name = os.path.basename(base)
+    rep = "" if r["reported"] is None else f", {r['reported']:.0f} MiB handed back to the host"
     print(f"{name}: {r['iops']:,.0f} IOPS, mean {r['mean']:.1f} us, p99 {r['p99']:.1f} us, "
-          f"{r['cpu']:.2f} us CPU/IO, other CPU {r['other']:.0f}%")
+          f"{r['cpu']:.2f} us CPU/IO, client {r['client']:.2f} us CPU/IO, "
+          f"other CPU {r['other']:.0f}%{rep}")
     return r
 
 
@@ -107,14 +130,18 @@ def report(a):
                "`qemu-nbd -f raw -t -e 4 --cache=none --aio=io_uring` on a /dev/shm file; every "
                "export prefilled (except null) so reads hit data. Server CPU = utime+stime from "
                "`/proc/PID/stat` over fio's measured window / I/Os completed in it. "
+               "*Client CPU* = fio's usr+sys time per I/O (fio's JSON): the client's cost, which "
+               "caps IOPS when fio is the bottleneck. "
                "*Other CPU* = every process except the server and fio over the same window "
-               "(100 = one core): background load on the shared 2-vCPU machine, the noise source.")
+               "(100 = one core): background load on the shared 2-vCPU machine. After each "
+               "server exits the script waits until the kernel has handed its freed memory back "
+               "to the host (free page reporting, when the kernel has it).")
     out.append("")
     out.append("Median over rounds; IOPS and CPU/IO ranges are min–max over rounds.")
     out.append("")
     out.append("| server | rw | iodepth | IOPS | IOPS range | mean lat (us) | p99 lat (us) "
-               "| server CPU us/IO | CPU us/IO range | other CPU % |")
-    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+               "| server CPU us/IO | CPU us/IO range | client CPU us/IO | other CPU % |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in servers:
         for rw in rws:
             for qd in qds:
@@ -126,7 +153,8 @@ def report(a):
                     f"| {s} | {rw} | {qd} | {med(col('iops')):,.0f} | "
                     f"{fmt_range(col('iops'), '{:,.0f}')} | {med(col('mean')):.1f} | "
                     f"{med(col('p99')):.1f} | {med(col('cpu')):.2f} | "
-                    f"{fmt_range(col('cpu'), '{:.2f}')} | {med(col('other')):.0f} |")
+                    f"{fmt_range(col('cpu'), '{:.2f}')} | {med(col('client')):.2f} | "
+                    f"{med(col('other')):.0f} |")
     # Targets, each ratio computed within one round, then median and range.
     out.append("")
     out.append("Targets (issue 3), ratios taken inside each round; median (min–max over rounds):")

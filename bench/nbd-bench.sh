@@ -21,7 +21,9 @@
 #
 # Per point: IOPS, mean and p99 completion latency (fio), and the server's
 # CPU time per I/O: utime+stime of the server process from /proc/PID/stat
-# over fio's measured window, divided by the I/Os fio completed in it.
+# over fio's measured window, divided by the I/Os fio completed in it; the
+# client's (fio's usr+sys from its JSON) likewise. After each server exits
+# the script waits for free page reporting to go quiet (see settle).
 # "other CPU" is what every process other than the server and fio used in
 # the same window (100 = one core): the background load that makes a point
 # noisy.
@@ -97,6 +99,21 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
 }
+# Free page reporting hands memory a server freed back to the host a few seconds after it
+# exits (10 GiB for flashpool's memory drives); the next server would pay for that (the host
+# drops the pages, and touching them again faults on the host) in its measured window. Wait
+# until the kernel's counter of handed-back memory has been still for a second (at most 30 s).
+settle() {
+    local f=/sys/module/page_reporting/parameters/reported_kib prev cur
+    [ -r "$f" ] || return 0
+    sleep 2   # reporting starts after a delay
+    prev=$(cat "$f")
+    for _ in $(seq 28); do
+        sleep 1; cur=$(cat "$f")
+        [ "$cur" = "$prev" ] && return 0
+        prev=$cur
+    done
+}
 cleanup() { stop_server; rm -f "$IMG"; if [ -z "${KEEP:-}" ]; then rm -rf "$WORK"; else echo "kept $WORK" >&2; fi; }
 trap cleanup EXIT INT TERM
 
@@ -156,6 +173,7 @@ for round in $(seq "$ROUNDS"); do
             python3 "$HERE/nbd-bench.py" snap "$SERVER_PID" "$base.cpu1"
             python3 "$HERE/nbd-bench.py" point "$base" >&2
             stop_server
+            settle
         done; done
     done
 done
