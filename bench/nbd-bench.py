@@ -133,9 +133,11 @@ def report(a):
                "*Client CPU* = fio's usr+sys time per I/O (fio's JSON): the client's cost, which "
                "caps IOPS when fio is the bottleneck. "
                "*Other CPU* = every process except the server and fio over the same window "
-               "(100 = one core): background load on the shared 2-vCPU machine. After each "
-               "server exits the script waits until the kernel has handed its freed memory back "
-               "to the host (free page reporting, when the kernel has it).")
+               "(100 = one core): background load on the shared 2-vCPU machine. Before each "
+               "point the server rests one second per GiB it holds (flashpool's prefaulted memory "
+               "drives slow the machine for seconds after start-up), and after each server "
+               "exits the script waits until the kernel has handed its freed memory back to the "
+               "host (free page reporting, when the kernel has it).")
     out.append("")
     out.append("Median over rounds; IOPS and CPU/IO ranges are min–max over rounds.")
     out.append("")

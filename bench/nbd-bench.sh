@@ -22,8 +22,9 @@
 # Per point: IOPS, mean and p99 completion latency (fio), and the server's
 # CPU time per I/O: utime+stime of the server process from /proc/PID/stat
 # over fio's measured window, divided by the I/Os fio completed in it; the
-# client's (fio's usr+sys from its JSON) likewise. After each server exits
-# the script waits for free page reporting to go quiet (see settle).
+# client's (fio's usr+sys from its JSON) likewise. Before measuring, each
+# server rests a second per GiB it holds (see quiesce); after each server
+# exits the script waits for free page reporting to go quiet (see settle).
 # "other CPU" is what every process other than the server and fio used in
 # the same window (100 = one core): the background load that makes a point
 # noisy.
@@ -99,20 +100,29 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
 }
-# Free page reporting hands memory a server freed back to the host a few seconds after it
-# exits (10 GiB for flashpool's memory drives); the next server would pay for that (the host
-# drops the pages, and touching them again faults on the host) in its measured window. Wait
-# until the kernel's counter of handed-back memory has been still for a second (at most 30 s).
+# Free page reporting hands memory a server freed back to the host after it exits, in bursts
+# about every 2 s (10 GiB of flashpool's memory drives take ~30 s), and slows whatever runs
+# meanwhile: the next server would pay for its predecessor in its measured window. Wait until
+# the kernel's counter of handed-back memory has been still for 3 s (at most 90 s).
 settle() {
-    local f=/sys/module/page_reporting/parameters/reported_kib prev cur
+    local f=/sys/module/page_reporting/parameters/reported_kib prev cur still=0
     [ -r "$f" ] || return 0
-    sleep 2   # reporting starts after a delay
     prev=$(cat "$f")
-    for _ in $(seq 28); do
+    for _ in $(seq 90); do
         sleep 1; cur=$(cat "$f")
-        [ "$cur" = "$prev" ] && return 0
+        if [ "$cur" = "$prev" ]; then still=$((still + 1)); else still=0; fi
+        [ "$still" -ge 3 ] && return 0
         prev=$cur
     done
+}
+# A server that just made the host back many GiB (flashpool's memory drives are prefaulted at
+# start: 10 GiB) leaves the machine slow for seconds afterwards: fio spent ~40 % more CPU per
+# write in the window right after that prefault than 15 s later. So before measuring, every
+# server waits one second per GiB it holds (at least one): the same rule for all.
+quiesce() {
+    local kib
+    kib=$(awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0)
+    sleep $(( ${kib:-0} / 1048576 > 1 ? ${kib:-0} / 1048576 : 1 ))
 }
 cleanup() { stop_server; rm -f "$IMG"; if [ -z "${KEEP:-}" ]; then rm -rf "$WORK"; else echo "kept $WORK" >&2; fi; }
 trap cleanup EXIT INT TERM
@@ -161,6 +171,7 @@ for round in $(seq "$ROUNDS"); do
                 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 \
                     --size="$SIZE" --output="$WORK/fill.txt" >/dev/null
             fi
+            quiesce "$SERVER_PID"
             base="$WORK/$srv-$rw-qd$qd-r$round"
             fio --name=b --ioengine=nbd --uri="$URI" --rw="$rw" --bs=4k --size="$SIZE" \
                 --iodepth="$qd" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
