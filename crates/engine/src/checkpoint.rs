@@ -1,6 +1,7 @@
 //! Taking a checkpoint: with writers held off, seal and write the open stripe, encode the
-//! pool's metadata (volumes, maps, segment states and the space their stripes took), write it as erasure-coded stripes of kind
-//! Checkpoint, flush, then point every drive's superblock at it.
+//! pool's metadata (volumes, maps, segment states and the space their stripes took), write it
+//! as erasure-coded stripes of kind Checkpoint, flush, then point every drive's superblock at
+//! it.
 //!
 //! The previous checkpoint's segments stay reserved until the next one, so a crash at any
 //! point, even while superblocks are half rewritten, leaves a complete checkpoint to start from.
@@ -48,9 +49,12 @@ impl Inner {
             .states
             .iter()
             .zip(&self.written_slots)
-            .map(|(st, slots)| match st {
-                SegState::Used | SegState::Open => slots.load(Ordering::Relaxed),
-                _ => 0,
+            .map(|(st, slots)| {
+                if st.holds_data() {
+                    slots.load(Ordering::Relaxed)
+                } else {
+                    0
+                }
             })
             .collect();
         let bytes = {

@@ -44,8 +44,9 @@ pub(crate) struct RoomNow {
     /// Data bytes per byte of data and parity in today's stripes.
     data_fraction: f64,
     /// Data bytes a whole segment holds (measured against when a segment's own stripes are
-    /// unknown: used before a restart from a version-1 checkpoint). Measuring against full width while drives are out would
-    /// make every segment look worth cleaning and the cleaner churn.
+    /// unknown: used before a restart from a version-1 checkpoint). Measuring against full
+    /// width while drives are out would make every segment look worth cleaning and the
+    /// cleaner churn.
     segment_capacity: f64,
 }
 

@@ -38,6 +38,12 @@ impl SegState {
             _ => return Err(Error::corrupt(format!("segment state {v}"))),
         })
     }
+
+    /// Used or open: the segment holds data, and the space its stripes took (the cleaner's
+    /// measure, kept by checkpoints) means something.
+    pub fn holds_data(self) -> bool {
+        matches!(self, SegState::Used | SegState::Open)
+    }
 }
 
 /// The write streams, each with its own open segment, so data of different lifetimes does

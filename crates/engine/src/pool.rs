@@ -654,7 +654,7 @@ impl Pool {
             .enumerate()
             .map(|(n, st)| {
                 let written = i.written_slots[n].load(Ordering::Relaxed);
-                let holds_data = matches!(st, SegState::Used | SegState::Open);
+                let holds_data = st.holds_data();
                 SegmentInfo {
                     index: n as u32,
                     state: match st {

@@ -260,7 +260,7 @@ impl Inner {
         // At most every drive's share of a segment, and nothing where no data is.
         let most = self.geo.segment_size * self.drives.len() as u64;
         for (i, &space) in img.segment_space.iter().enumerate() {
-            let holds_data = matches!(w.segs.states[i], SegState::Used | SegState::Open);
+            let holds_data = w.segs.states[i].holds_data();
             if space > most || (space > 0 && !holds_data) {
                 return Err(Error::corrupt(format!(
                     "checkpoint says segment {i} took {space} bytes"

@@ -94,11 +94,7 @@ fn flipped_bits_in_one_superblock_slot_fall_back_to_the_other() {
 /// succeeds returns either correct data or an error for every block.
 #[test]
 fn random_corruption_never_panics() {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_u64);
-    eprintln!("corruption seed {seed} (set FLASHPOOL_SEED to reproduce)");
+    let seed = test_seed("corruption", 0x5eed);
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let base = populated(1);
     for round in 0..40 {

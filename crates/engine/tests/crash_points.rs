@@ -63,11 +63,7 @@ fn image_at(
 }
 
 fn run(k: usize, m: usize, default_seed: u64) {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default_seed);
-    eprintln!("crash-point test {k}+{m}, seed {seed} (FLASHPOOL_SEED={seed} to reproduce)");
+    let seed = test_seed(&format!("crash-point test {k}+{m}"), default_seed);
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     // Set-up, not recorded: a pool with one volume, closed cleanly.
     let base = mem_drives(5, false);

@@ -54,7 +54,6 @@ fn content(stamp: u64) -> Vec<u8> {
 }
 
 fn soak(seed: u64, policy: GcPolicy, ops: u64) -> (u64, u64) {
-    eprintln!("gc soak seed {seed} policy {policy:?} (FLASHPOOL_SEED={seed} reproduces)");
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut drives: Vec<Arc<MemDrive>> = (0..5)
         .map(|i| Arc::new(MemDrive::tracked(DRIVE, format!("mem:{i}"))))
@@ -164,10 +163,7 @@ fn soak(seed: u64, policy: GcPolicy, ops: u64) -> (u64, u64) {
 
 #[test]
 fn gc_soak_greedy() {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(11);
+    let seed = test_seed("gc soak, greedy", 11);
     let (cleaned, moved) = soak(seed, GcPolicy::Greedy, 140_000);
     assert!(cleaned > 1000, "only {cleaned} cleaning cycles");
     assert!(moved > 0);
@@ -175,10 +171,7 @@ fn gc_soak_greedy() {
 
 #[test]
 fn gc_soak_cost_benefit() {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+    let seed = test_seed("gc soak, cost-benefit", 12);
     let (cleaned, _) = soak(seed, GcPolicy::CostBenefit, 50_000);
     assert!(cleaned > 300, "only {cleaned} cleaning cycles");
 }

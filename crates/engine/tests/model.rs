@@ -302,12 +302,7 @@ impl StateMachineTest for PoolMachine {
 }
 
 fn seed() -> u64 {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261121);
-    eprintln!("model test seed {seed} (rerun with FLASHPOOL_SEED={seed})");
-    seed
+    test_seed("model test", 20261121)
 }
 
 prop_state_machine! {

@@ -33,11 +33,7 @@ fn write_random(pool: &Pool, rng: &mut impl rand::Rng, n: u64, stamp0: u64) {
 
 #[test]
 fn segment_space_survives_crash_and_clean_restart() {
-    let seed = std::env::var("FLASHPOOL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
-    eprintln!("seed {seed} (FLASHPOOL_SEED={seed} to reproduce)");
+    let seed = test_seed("segment space", 7);
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
 
     // 3+1 stripes first, then 4+1 after a drive add: segments of both widths.

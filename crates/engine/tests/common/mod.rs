@@ -49,6 +49,17 @@ pub fn reopen_files(dir: &std::path::Path, n: usize) -> Vec<DriveRef> {
         .collect()
 }
 
+/// The seed of a randomized test: `FLASHPOOL_SEED` when set, else `default`. Printed with
+/// `what`, so a failing run names the seed that reproduces it.
+pub fn test_seed(what: &str, default: u64) -> u64 {
+    let seed = std::env::var("FLASHPOOL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("{what}: seed {seed} (FLASHPOOL_SEED={seed} reproduces)");
+    seed
+}
+
 /// A 4 KiB block whose every 8 bytes name the write that made it.
 pub fn block_for(stamp: u64) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
