@@ -23,7 +23,8 @@ pub struct Config {
     /// zeroes. Everything else runs on the connection's own thread.
     pub helper_threads_per_connection: usize,
     /// Bytes of request/reply payload buffers held at once per connection
-    /// (at least one maximum-size request, 32 MiB, is always admitted).
+    /// (at least one maximum-size request, 64 MiB, is always admitted, so
+    /// a smaller value is raised to that).
     pub max_buffer_bytes_per_connection: u64,
     /// On shutdown, how long connections get to finish their in-flight
     /// requests before their sockets are closed under them.

@@ -15,8 +15,14 @@ use crate::wire::{self, Parser};
 /// Block-size constraints we advertise (`NBD_INFO_BLOCK_SIZE`).
 pub const MIN_BLOCK: u32 = 1;
 pub const PREFERRED_BLOCK: u32 = 4096;
-/// Largest READ/WRITE payload we accept.
-pub const MAX_PAYLOAD: u32 = 32 * 1024 * 1024;
+/// Largest READ/WRITE payload we advertise (`NBD_INFO_BLOCK_SIZE` maximum):
+/// the spec's interoperable 32 MiB, so clients that see it keep requests small.
+pub const MAX_ADVERTISED: u32 = 32 * 1024 * 1024;
+/// Largest READ/WRITE payload we accept: 64 MiB, like the reference server and
+/// nbdkit, since clients that enter with `NBD_OPT_EXPORT_NAME` never see the
+/// advertised maximum. A request this large takes a connection's whole default
+/// buffer budget (`Config::max_buffer_bytes_per_connection`, never less than this).
+pub const MAX_PAYLOAD: u32 = 64 * 1024 * 1024;
 
 /// Largest option payload we read and parse; larger ones up to
 /// [`MAX_OPTION_DISCARD`] are skipped and answered with `NBD_REP_ERR_TOO_BIG`,
@@ -288,7 +294,7 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
         // unrequested is harmless and lets every client see them.
         let mut b = Vec::with_capacity(14);
         b.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        for v in [MIN_BLOCK, PREFERRED_BLOCK, MAX_PAYLOAD] {
+        for v in [MIN_BLOCK, PREFERRED_BLOCK, MAX_ADVERTISED] {
             b.extend_from_slice(&v.to_be_bytes());
         }
         info(&b);

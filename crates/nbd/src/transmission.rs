@@ -369,7 +369,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
                         let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
-                        let reply = self.error(&req, EOVERFLOW, "write larger than 32 MiB");
+                        let reply = self.error(&req, EOVERFLOW, "write larger than 64 MiB");
                         batch.push((reply, held));
                     }
                     CMD_WRITE if avail.len() >= REQUEST_LEN + len => {
@@ -658,10 +658,10 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             match req.kind {
                 CMD_READ => {
                     let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
-                    self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
                     if req.len > MAX_PAYLOAD {
-                        return Err(self.error(req, EOVERFLOW, "read larger than 32 MiB"));
+                        return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
                     }
+                    self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
                     Ok(if self.s.structured {
                         self.read_structured(req)
                     } else {
@@ -680,7 +680,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     Ok(self.result(req, ex.flush()))
                 }
                 CMD_TRIM => {
-                    self.validate(req, CMD_FLAG_FUA, ENOSPC)?;
+                    // The spec: EINVAL for reads and trims past the end, ENOSPC for writes.
+                    self.validate(req, CMD_FLAG_FUA, EINVAL)?;
                     self.writable(req)?;
                     let mut r = ex.trim(req.offset, req.len as u64);
                     if fua && r.is_ok() {
