@@ -1,4 +1,5 @@
-//! Server limits and tunables ([`Config`]): connection count, requests in
+//! Server limits and tunables ([`Config`]): connection count, handshake
+//! timeout and connections in handshake (overall and per peer), requests in
 //! flight and buffer bytes per connection, drain timeout on shutdown, busy polling.
 
 use std::time::Duration;
@@ -7,12 +8,29 @@ use std::time::Duration;
 /// answers each reply with its next request (a queue-depth-1 round trip is 25-60 µs on a VM).
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
+/// The default [`Config::handshake_timeout`].
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Limits of a [`crate::Server`]. Memory held for request and reply buffers
-/// is bounded by `max_connections * max_buffer_bytes_per_connection`.
+/// is bounded by `max_connections * max_buffer_bytes_per_connection`; threads
+/// by `max_handshakes + max_connections * (1 + helper_threads_per_connection)`.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Connections served at once; further ones are closed right after accept.
+    /// Connections past the handshake (in transmission) served at once. While
+    /// that many are open, new connections are closed right after accept, and
+    /// a handshake that ends with `NBD_OPT_GO` gets `NBD_REP_ERR_POLICY`.
     pub max_connections: usize,
+    /// Longest time from accept to the end of option haggling (`NBD_OPT_GO` or
+    /// `NBD_OPT_EXPORT_NAME`); a client still haggling then, idle or slow, is
+    /// disconnected. Zero: no limit. Not applied to `Server::run_stdio`.
+    pub handshake_timeout: Duration,
+    /// Connections in handshake at once, over all peers; further ones are
+    /// closed right after accept. Established connections do not count.
+    pub max_handshakes: usize,
+    /// Connections in handshake at once from one peer (one IP address over
+    /// TCP, one user id over a Unix socket); further ones are closed right
+    /// after accept, so one host cannot take every handshake slot.
+    pub max_handshakes_per_peer: usize,
     /// Requests read and not yet answered per connection: replies collected
     /// for one `writev` plus FLUSH/FUA requests queued for helper threads.
     /// At the limit the connection stops reading until replies are sent;
@@ -48,6 +66,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_connections: 128,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes: 256,
+            max_handshakes_per_peer: 64,
             max_in_flight_per_connection: 64,
             helper_threads_per_connection: 4,
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,

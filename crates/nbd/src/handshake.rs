@@ -89,11 +89,24 @@ pub fn transmission_flags(export: &dyn Export, structured: bool) -> u16 {
     f
 }
 
+/// What a server adds to the protocol's rules for one handshake.
+pub struct Policy<'a> {
+    /// Set while the server shuts down: every option but `ABORT` then gets
+    /// `NBD_REP_ERR_SHUTDOWN` (`EXPORT_NAME`: disconnect).
+    pub shutting_down: &'a AtomicBool,
+    /// Asked just before the reply that enters transmission (`GO`'s `ACK`,
+    /// `EXPORT_NAME`'s export data): false refuses, `GO` with
+    /// `NBD_REP_ERR_POLICY` (haggling goes on), `EXPORT_NAME` with a
+    /// disconnect. The server takes a connection slot here.
+    pub admit: &'a dyn Fn() -> bool,
+}
+
 struct Haggle<'a, R, W> {
     r: &'a mut R,
     w: &'a mut W,
     exports: &'a dyn ExportSet,
     shutting_down: &'a AtomicBool,
+    admit: &'a dyn Fn() -> bool,
     no_zeroes: bool,
     structured: bool,
     /// Canonical export name the meta context selection applies to.
@@ -101,12 +114,27 @@ struct Haggle<'a, R, W> {
     base_allocation: bool,
 }
 
-/// Run the server side of the handshake on a fresh connection.
+/// Run the server side of the handshake on a fresh connection; every
+/// connection is admitted (see [`negotiate_with`]).
 pub fn negotiate<R: Read, W: Write>(
     r: &mut R,
     w: &mut W,
     exports: &dyn ExportSet,
     shutting_down: &AtomicBool,
+) -> Result<Session, Ended> {
+    let policy = Policy {
+        shutting_down,
+        admit: &|| true,
+    };
+    negotiate_with(r, w, exports, &policy)
+}
+
+/// Run the server side of the handshake on a fresh connection under `policy`.
+pub fn negotiate_with<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    exports: &dyn ExportSet,
+    policy: &Policy<'_>,
 ) -> Result<Session, Ended> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBD_MAGIC.to_be_bytes());
@@ -126,7 +154,8 @@ pub fn negotiate<R: Read, W: Write>(
         r,
         w,
         exports,
-        shutting_down,
+        shutting_down: policy.shutting_down,
+        admit: policy.admit,
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         structured: false,
         meta_export: None,
@@ -232,6 +261,9 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
             .exports
             .get(name)
             .ok_or_else(|| violation("unknown export requested with NBD_OPT_EXPORT_NAME"))?;
+        if !(self.admit)() {
+            return Err(violation("no connection slot for NBD_OPT_EXPORT_NAME"));
+        }
         let session = self.session(name, export);
         let mut out = Vec::with_capacity(10 + 124);
         out.extend_from_slice(&session.size.to_be_bytes());
@@ -282,6 +314,14 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
             self.reply(option, REP_ERR_UNKNOWN, msg.as_bytes())?;
             return Ok(None);
         };
+        if option == OPT_GO && !(self.admit)() {
+            self.reply(
+                option,
+                REP_ERR_POLICY,
+                b"server is at its connection limit, try again later",
+            )?;
+            return Ok(None);
+        }
         let session = self.session(name, export);
         let mut out = Vec::new();
         let mut info = |payload: &[u8]| wire::put_option_reply(&mut out, option, REP_INFO, payload);

@@ -3,10 +3,17 @@
 //! helper threads for FLUSH/FUA), a connection registry, and a clean
 //! shutdown that stops accepting, lets in-flight requests finish, closes the
 //! connections and returns.
+//!
+//! The doors are guarded: connections in handshake are bounded overall and per
+//! peer (IP address, or user id on a Unix socket), established ones by
+//! `max_connections`, and anything over a limit is closed right after accept,
+//! so the accept loop never waits on a client. The accept loop also keeps the
+//! handshake deadline: a connection that has not entered transmission within
+//! `Config::handshake_timeout` of its accept has its socket shut down.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader};
-use std::net::{Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -18,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::activation::{self, Activated};
 use crate::config::Config;
 use crate::export::ExportSet;
-use crate::handshake::{self, Ended};
+use crate::handshake::{self, Ended, Policy};
 use crate::poll_policy::PollerSlots;
 use crate::transmission::{self, BusyPoll, Limits};
 use crate::transport::{Closer, Transport};
@@ -44,11 +51,101 @@ impl Listener {
     }
 }
 
+/// Whose handshakes count together against `Config::max_handshakes_per_peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PeerKey {
+    /// A TCP peer's address (IPv4-mapped IPv6 as IPv4).
+    Ip(IpAddr),
+    /// A Unix-socket peer's user id.
+    Uid(u32),
+    /// Standard input/output, or a peer we cannot name.
+    Local,
+}
+
+impl PeerKey {
+    fn of_tcp(addr: &SocketAddr) -> PeerKey {
+        PeerKey::Ip(addr.ip().to_canonical())
+    }
+
+    /// The peer's user id (`SO_PEERCRED`).
+    fn of_unix(s: &UnixStream) -> PeerKey {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cred`, a ucred we own, and
+        // stores the length it wrote in `len`; the descriptor is the open socket `s`.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 && len as usize == std::mem::size_of::<libc::ucred>() {
+            PeerKey::Uid(cred.uid)
+        } else {
+            PeerKey::Local
+        }
+    }
+}
+
+/// One registered connection.
+struct Entry {
+    closer: Closer,
+    peer: PeerKey,
+    /// Some while in handshake: when it must have entered transmission.
+    deadline: Option<Instant>,
+    /// Past the handshake (counted in `Registry::established`).
+    established: bool,
+    /// Its socket was shut down for missing the handshake deadline.
+    timed_out: bool,
+}
+
+/// Every connection being served, and the counts the limits look at.
+#[derive(Default)]
+struct Registry {
+    conns: HashMap<u64, Entry>,
+    /// Connections past the handshake (`Config::max_connections`).
+    established: usize,
+    /// Connections in handshake per peer (`Config::max_handshakes_per_peer`).
+    per_peer: HashMap<PeerKey, usize>,
+}
+
+impl Registry {
+    fn handshaking(&self) -> usize {
+        self.conns.len() - self.established
+    }
+
+    fn leave_handshake(&mut self, peer: PeerKey) {
+        if let Some(n) = self.per_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&peer);
+            }
+        }
+    }
+}
+
+/// Counts refused connections so a flood costs a log line now and then, not one each.
+struct RefusalLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+/// At most one refusal line per this long.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 struct Shared {
     exports: Arc<dyn ExportSet>,
     config: Config,
     shutting_down: AtomicBool,
-    conns: Mutex<HashMap<u64, Closer>>,
+    conns: Mutex<Registry>,
+    refusals: Mutex<RefusalLog>,
     changed: Condvar,
     next_id: AtomicU64,
     /// Write end of the pipe that wakes the accept loop.
@@ -121,7 +218,11 @@ impl Server {
                 pollers: Arc::new(PollerSlots::new(config.max_pollers)),
                 config,
                 shutting_down: AtomicBool::new(false),
-                conns: Mutex::new(HashMap::new()),
+                conns: Mutex::new(Registry::default()),
+                refusals: Mutex::new(RefusalLog {
+                    last: None,
+                    suppressed: 0,
+                }),
                 changed: Condvar::new(),
                 next_id: AtomicU64::new(0),
                 wake: tx,
@@ -179,9 +280,9 @@ impl Server {
         ShutdownHandle(Arc::clone(&self.shared))
     }
 
-    /// Number of connections being served right now.
+    /// Number of connections being served right now (in handshake or past it).
     pub fn connection_count(&self) -> usize {
-        lock(&self.shared.conns).len()
+        lock(&self.shared.conns).conns.len()
     }
 
     /// Serve until [`ShutdownHandle::shutdown`], then drain and return.
@@ -206,9 +307,11 @@ impl Server {
     pub fn run_stdio(self) -> io::Result<()> {
         let t = Transport::stdio()?;
         let shared = Arc::clone(&self.shared);
-        spawn_connection(&shared, t)?;
+        // One connection, made by the parent for us: no deadline, no limits.
+        let id = register(&shared, &t, PeerKey::Local, None);
+        spawn_connection(&shared, id, t)?;
         let mut conns = lock(&shared.conns);
-        while !conns.is_empty() && !shared.shutting_down.load(Ordering::SeqCst) {
+        while !conns.conns.is_empty() && !shared.shutting_down.load(Ordering::SeqCst) {
             conns = shared
                 .changed
                 .wait(conns)
@@ -235,8 +338,9 @@ impl Server {
             })
             .collect();
         while !self.shared.shutting_down.load(Ordering::SeqCst) {
+            let timeout = self.expire_handshakes();
             // SAFETY: `pfds` is a valid array of pollfd of the given length.
-            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -249,19 +353,32 @@ impl Server {
                     continue;
                 }
                 loop {
+                    // Over a limit the accepted socket is dropped (closed) at once.
                     let t = match l {
-                        Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+                        Listener::Tcp(l) => l.accept().and_then(|(s, a)| {
+                            let peer = PeerKey::of_tcp(&a);
+                            if !self.admit(peer) {
+                                return Ok(None);
+                            }
                             s.set_nonblocking(false)?;
-                            Transport::tcp(s)
+                            Transport::tcp(s).map(|t| Some((t, peer)))
                         }),
                         Listener::Unix(l, _) => l.accept().and_then(|(s, _)| {
+                            let peer = PeerKey::of_unix(&s);
+                            if !self.admit(peer) {
+                                return Ok(None);
+                            }
                             s.set_nonblocking(false)?;
-                            Transport::unix(s)
+                            Transport::unix(s).map(|t| Some((t, peer)))
                         }),
                     };
                     match t {
-                        Ok(t) => {
-                            if let Err(e) = spawn_connection(&self.shared, t) {
+                        Ok(None) => {}
+                        Ok(Some((t, peer))) => {
+                            let timeout = self.shared.config.handshake_timeout;
+                            let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+                            let id = register(&self.shared, &t, peer, deadline);
+                            if let Err(e) = spawn_connection(&self.shared, id, t) {
                                 tracing::warn!("cannot serve connection: {e}");
                             }
                         }
@@ -280,17 +397,82 @@ impl Server {
         Ok(())
     }
 
+    /// Whether a connection just accepted from `peer` may start a handshake:
+    /// not while shutting down, nor while established connections, handshakes
+    /// overall or this peer's handshakes are at their limit.
+    fn admit(&self, peer: PeerKey) -> bool {
+        let c = &self.shared.config;
+        let reg = lock(&self.shared.conns);
+        let refused = if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return false;
+        } else if reg.established >= c.max_connections {
+            "connection limit (max_connections) reached"
+        } else if reg.handshaking() >= c.max_handshakes {
+            "limit of connections in handshake (max_handshakes) reached"
+        } else if reg.per_peer.get(&peer).copied().unwrap_or(0) >= c.max_handshakes_per_peer {
+            "limit of connections in handshake from one peer (max_handshakes_per_peer) reached"
+        } else {
+            return true;
+        };
+        drop(reg);
+        let mut log = lock(&self.shared.refusals);
+        let now = Instant::now();
+        if log
+            .last
+            .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_EVERY)
+        {
+            let more = std::mem::take(&mut log.suppressed);
+            tracing::warn!("{refused}: closing a connection from {peer:?} ({more} more refused since the last such line)");
+            log.last = Some(now);
+        } else {
+            log.suppressed += 1;
+        }
+        false
+    }
+
+    /// Shut down the sockets of connections past their handshake deadline;
+    /// returns the `poll` timeout until the next deadline (ms, -1: none).
+    fn expire_handshakes(&self) -> i32 {
+        let now = Instant::now();
+        let mut reg = lock(&self.shared.conns);
+        let mut next: Option<Instant> = None;
+        for e in reg.conns.values_mut() {
+            let Some(d) = e.deadline.filter(|_| !e.timed_out) else {
+                continue;
+            };
+            if d <= now {
+                tracing::info!(
+                    "{:?}: no export chosen within the handshake timeout ({:?}), disconnecting",
+                    e.peer,
+                    self.shared.config.handshake_timeout
+                );
+                e.timed_out = true;
+                (e.closer)(Shutdown::Both);
+            } else {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        match next {
+            // Round up so a wake-up never comes before the deadline.
+            Some(d) => (d - now)
+                .as_nanos()
+                .div_ceil(1_000_000)
+                .min(i32::MAX as u128) as i32,
+            None => -1,
+        }
+    }
+
     /// Close the read side of every connection (in-flight requests still
     /// get their replies), wait up to the drain timeout, then force.
     fn drain(&self) {
         let shared = &self.shared;
-        for c in lock(&shared.conns).values() {
-            c(Shutdown::Read);
+        for e in lock(&shared.conns).conns.values() {
+            (e.closer)(Shutdown::Read);
         }
         let wait_empty = |limit: Duration| {
             let deadline = Instant::now() + limit;
             let mut conns = lock(&shared.conns);
-            while !conns.is_empty() {
+            while !conns.conns.is_empty() {
                 let now = Instant::now();
                 if now >= deadline {
                     return false;
@@ -305,8 +487,8 @@ impl Server {
         };
         if !wait_empty(shared.config.drain_timeout) {
             tracing::warn!("drain timeout: closing remaining connections");
-            for c in lock(&shared.conns).values() {
-                c(Shutdown::Both);
+            for e in lock(&shared.conns).conns.values() {
+                (e.closer)(Shutdown::Both);
             }
             wait_empty(FORCE_GRACE);
         }
@@ -332,40 +514,80 @@ fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Register a connection and serve it on its own thread.
-fn spawn_connection(shared: &Arc<Shared>, t: Transport) -> io::Result<()> {
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut conns = lock(&shared.conns);
-        if conns.len() >= shared.config.max_connections {
-            tracing::warn!("connection limit reached, refusing {}", t.peer);
-            return Ok(()); // dropping `t` closes it
+/// Register a connection in handshake; returns its id.
+fn register(shared: &Shared, t: &Transport, peer: PeerKey, deadline: Option<Instant>) -> u64 {
+    let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+    let mut reg = lock(&shared.conns);
+    *reg.per_peer.entry(peer).or_insert(0) += 1;
+    reg.conns.insert(
+        id,
+        Entry {
+            closer: Arc::clone(&t.closer),
+            peer,
+            deadline,
+            established: false,
+            timed_out: false,
+        },
+    );
+    id
+}
+
+/// Take the connection out of the registry (it has closed).
+fn unregister(shared: &Shared, id: u64) {
+    let mut reg = lock(&shared.conns);
+    if let Some(e) = reg.conns.remove(&id) {
+        if e.established {
+            reg.established -= 1;
+        } else {
+            reg.leave_handshake(e.peer);
         }
-        if shared.shutting_down.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        conns.insert(id, Arc::clone(&t.closer));
     }
+    drop(reg);
+    shared.changed.notify_all();
+}
+
+/// Move connection `id` from handshake to transmission if a connection slot is
+/// free and its deadline has not struck.
+fn establish(shared: &Shared, id: u64) -> bool {
+    let mut reg = lock(&shared.conns);
+    let full = reg.established >= shared.config.max_connections;
+    let Some(e) = reg.conns.get_mut(&id) else {
+        return false;
+    };
+    if e.established {
+        return true;
+    }
+    if full || e.timed_out || shared.shutting_down.load(Ordering::SeqCst) {
+        return false;
+    }
+    e.established = true;
+    e.deadline = None;
+    let peer = e.peer;
+    reg.established += 1;
+    reg.leave_handshake(peer);
+    true
+}
+
+/// Serve registered connection `id` on its own thread (unregistered when it ends).
+fn spawn_connection(shared: &Arc<Shared>, id: u64, t: Transport) -> io::Result<()> {
     let sh = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
             let peer = t.peer.clone();
             tracing::debug!("connection {id} from {peer}");
-            serve_connection(&sh, t);
+            serve_connection(&sh, id, t);
             tracing::debug!("connection {id} from {peer} closed");
-            lock(&sh.conns).remove(&id);
-            sh.changed.notify_all();
+            unregister(&sh, id);
         });
     if let Err(e) = spawned {
-        lock(&shared.conns).remove(&id);
-        shared.changed.notify_all();
+        unregister(shared, id);
         return Err(e);
     }
     Ok(())
 }
 
-fn serve_connection(shared: &Shared, t: Transport) {
+fn serve_connection(shared: &Shared, id: u64, t: Transport) {
     let Transport {
         reader,
         mut writer,
@@ -374,12 +596,12 @@ fn serve_connection(shared: &Shared, t: Transport) {
         poll_fd,
     } = t;
     let mut r = BufReader::with_capacity(HANDSHAKE_BUFFER, reader);
-    match handshake::negotiate(
-        &mut r,
-        &mut writer,
-        shared.exports.as_ref(),
-        &shared.shutting_down,
-    ) {
+    let admit = || establish(shared, id);
+    let policy = Policy {
+        shutting_down: &shared.shutting_down,
+        admit: &admit,
+    };
+    match handshake::negotiate_with(&mut r, &mut writer, shared.exports.as_ref(), &policy) {
         Ok(session) => {
             tracing::debug!(
                 "{peer}: export '{}' size {} structured {} base:allocation {}",

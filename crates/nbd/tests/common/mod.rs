@@ -63,6 +63,16 @@ impl TestServer {
         Raw { s }
     }
 
+    /// A connection from loopback address `from` (any 127.x.y.z: the server sees
+    /// another peer for each), with the same guards as [`TestServer::raw`].
+    pub fn raw_from(&self, from: &str) -> Raw {
+        let s = connect_from(from, self.addr).unwrap();
+        s.set_read_timeout(Some(GUARD)).unwrap();
+        s.set_write_timeout(Some(GUARD)).unwrap();
+        s.set_nodelay(true).unwrap();
+        Raw { s }
+    }
+
     /// Stop the server and wait for `run` to return.
     pub fn stop(mut self) {
         self.handle.shutdown();
@@ -77,6 +87,16 @@ impl Drop for TestServer {
             let _ = t.join();
         }
     }
+}
+
+/// A TCP connection to `to` from loopback address `from` (port picked by the kernel).
+pub fn connect_from(from: &str, to: SocketAddr) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    let local: SocketAddr = format!("{from}:0").parse().unwrap();
+    s.bind(&local.into())?;
+    s.connect(&to.into())?;
+    Ok(s.into())
 }
 
 pub struct Raw {
@@ -116,6 +136,25 @@ impl Raw {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return true,
                 Err(_) => return false, // timeout: still open
             }
+        }
+    }
+    /// Whether the server greets this connection (false: it closed it at once).
+    pub fn greeted(&mut self) -> bool {
+        let mut g = [0u8; 18];
+        match self.s.read_exact(&mut g) {
+            Ok(()) => {
+                assert_eq!(&g[0..8], b"NBDMAGIC");
+                true
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                false
+            }
+            Err(e) => panic!("neither greeted nor closed: {e}"),
         }
     }
     /// Read the greeting; returns the handshake flags.
