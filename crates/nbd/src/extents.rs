@@ -40,14 +40,14 @@ pub fn clip(extents: &[Extent], len: u64, max_descriptors: usize) -> Vec<Extent>
     out
 }
 
-/// Descriptors for a `BLOCK_STATUS` reply: `(length, flags)` pairs with
-/// 32-bit lengths (a request length is 32-bit, so each fits), at most one
-/// when `req_one`.
-pub fn descriptors(extents: &[Extent], len: u32, req_one: bool) -> Vec<(u32, u32)> {
+/// Descriptors for a block status reply: `(length, flags)` pairs, each no
+/// longer than `len` (so they fit the 32-bit lengths of `BLOCK_STATUS` when
+/// the request was compact), at most one when `req_one`.
+pub fn descriptors(extents: &[Extent], len: u64, req_one: bool) -> Vec<(u64, u32)> {
     let max = if req_one { 1 } else { MAX_DESCRIPTORS };
-    clip(extents, len as u64, max)
+    clip(extents, len, max)
         .iter()
-        .map(|e| (e.len as u32, e.flags()))
+        .map(|e| (e.len, e.flags()))
         .collect()
 }
 

@@ -1,8 +1,8 @@
 //! The fixed-newstyle handshake: greeting, client flags, then option
 //! haggling (EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY,
-//! LIST/SET_META_CONTEXT; everything else gets `NBD_REP_ERR_UNSUP`) until the
-//! client picks an export or leaves. Every malformed input ends in an option
-//! error or a clean disconnect, never a panic.
+//! EXTENDED_HEADERS, LIST/SET_META_CONTEXT; everything else gets
+//! `NBD_REP_ERR_UNSUP`) until the client picks an export or leaves. Every
+//! malformed input ends in an option error or a clean disconnect, never a panic.
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +40,9 @@ pub struct Session {
     pub size: u64,
     pub flags: u16,
     pub structured: bool,
+    /// Extended headers negotiated (implies `structured`): 32-byte requests
+    /// with 64-bit lengths, every reply an extended chunk.
+    pub extended: bool,
     /// `base:allocation` selected (its id is [`META_BASE_ALLOCATION_ID`]).
     pub base_allocation: bool,
 }
@@ -109,6 +112,7 @@ struct Haggle<'a, R, W> {
     admit: &'a dyn Fn() -> bool,
     no_zeroes: bool,
     structured: bool,
+    extended: bool,
     /// Canonical export name the meta context selection applies to.
     meta_export: Option<String>,
     base_allocation: bool,
@@ -158,6 +162,7 @@ pub fn negotiate_with<R: Read, W: Write>(
         admit: policy.admit,
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         structured: false,
+        extended: false,
         meta_export: None,
         base_allocation: false,
     };
@@ -235,7 +240,34 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
                         REP_ERR_INVALID,
                         b"NBD_OPT_STRUCTURED_REPLY takes no data",
                     )?;
+                } else if self.extended {
+                    // No going back to compact headers.
+                    self.reply(
+                        option,
+                        REP_ERR_EXT_HEADER_REQD,
+                        b"extended headers already negotiated",
+                    )?;
                 } else {
+                    self.structured = true;
+                    self.reply(option, REP_ACK, &[])?;
+                }
+                Ok(None)
+            }
+            OPT_EXTENDED_HEADERS => {
+                if !data.is_empty() {
+                    self.reply(
+                        option,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_EXTENDED_HEADERS takes no data",
+                    )?;
+                } else if self.extended {
+                    self.reply(
+                        option,
+                        REP_ERR_INVALID,
+                        b"extended headers already negotiated",
+                    )?;
+                } else {
+                    self.extended = true;
                     self.structured = true;
                     self.reply(option, REP_ACK, &[])?;
                 }
@@ -286,6 +318,7 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
             export,
             name: canonical,
             structured: self.structured,
+            extended: self.extended,
             base_allocation,
         }
     }

@@ -10,10 +10,14 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
 pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// Magic of a transmission request.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Magic of an extended transmission request (after `NBD_OPT_EXTENDED_HEADERS`).
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
 /// Magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Magic of an extended reply chunk (after `NBD_OPT_EXTENDED_HEADERS`).
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server -> client, 16 bits).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -64,6 +68,7 @@ pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
 pub const REP_ERR_BLOCK_SIZE_REQD: u32 = REP_ERR | 8;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = REP_ERR | 10;
 
 // Info types (NBD_REP_INFO payloads).
 pub const INFO_EXPORT: u16 = 0;
@@ -87,6 +92,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers only: the length is the payload's (a WRITE's anyway).
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply flags and chunk types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -94,6 +101,8 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Block status with 64-bit lengths (extended headers only).
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 

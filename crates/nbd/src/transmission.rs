@@ -36,7 +36,7 @@ use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::poll_policy::{PollPolicy, PollerSlots, Wait};
 use crate::proto::*;
-use crate::wire::{self, Request, REQUEST_LEN};
+use crate::wire::{self, ReplyTo, Request, EXT_REQUEST_LEN, REQUEST_LEN};
 
 /// Budget bytes charged for a queued reply without payload (so a client
 /// that never reads its replies cannot make the queue grow without bound).
@@ -46,7 +46,11 @@ const MAX_IOV: usize = 512;
 /// Size of the per-connection read buffer: a request header plus a WRITE
 /// payload up to this size (minus the header) runs straight from it; longer
 /// payloads are read into their own buffer.
-const READ_BUFFER: usize = 256 * 1024 + REQUEST_LEN;
+const READ_BUFFER: usize = 256 * 1024 + EXT_REQUEST_LEN;
+/// Longest payload a refused request may carry: it is read and discarded so the
+/// stream stays in sync (a compact request's length cannot say more); a longer
+/// one (extended headers) is a hard disconnect.
+const MAX_DISCARD: u64 = u32::MAX as u64;
 
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
@@ -321,8 +325,8 @@ fn is_slow(req: &Request) -> bool {
 
 /// Budget bytes a reply to an inline request holds until written.
 fn reply_charge(req: &Request) -> u64 {
-    if req.kind == CMD_READ && req.len <= MAX_PAYLOAD {
-        (req.len as u64).max(SMALL_REPLY_CHARGE)
+    if req.kind == CMD_READ && req.len <= MAX_PAYLOAD as u64 {
+        req.len.max(SMALL_REPLY_CHARGE)
     } else {
         SMALL_REPLY_CHARGE
     }
@@ -351,51 +355,78 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 return Ok(());
             }
             // Every complete request already buffered.
-            while inb.avail().len() >= REQUEST_LEN {
+            let hl = if self.s.extended {
+                EXT_REQUEST_LEN
+            } else {
+                REQUEST_LEN
+            };
+            while inb.avail().len() >= hl {
                 let avail = inb.avail();
-                let hb: &[u8; REQUEST_LEN] = avail[..REQUEST_LEN].try_into().expect("length");
-                let req = wire::decode_request(hb).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "bad request magic")
-                })?;
-                let len = req.len as usize;
+                let req = if self.s.extended {
+                    wire::decode_request_ext(avail[..hl].try_into().expect("length"))
+                } else {
+                    wire::decode_request(avail[..hl].try_into().expect("length"))
+                }
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
+                // With extended headers a command other than WRITE may carry a payload too
+                // (NBD_CMD_FLAG_PAYLOAD_LEN); we take none, so it is skipped and refused.
+                let foreign_payload = self.s.extended
+                    && req.kind != CMD_WRITE
+                    && req.kind != CMD_DISC
+                    && req.flags & CMD_FLAG_PAYLOAD_LEN != 0;
                 match req.kind {
                     CMD_DISC => return Ok(()),
-                    CMD_WRITE if req.len > MAX_PAYLOAD => {
+                    _ if foreign_payload
+                        || (req.kind == CMD_WRITE && req.len > MAX_PAYLOAD as u64) =>
+                    {
                         // Skip the payload to stay in sync, then refuse.
-                        let in_buf = (avail.len() - REQUEST_LEN).min(len);
-                        inb.consume(REQUEST_LEN + in_buf);
-                        let rest = (len - in_buf) as u64;
+                        if req.len > MAX_DISCARD {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "request payload too long to skip",
+                            ));
+                        }
+                        let in_buf = ((avail.len() - hl) as u64).min(req.len);
+                        inb.consume(hl + in_buf as usize);
+                        let rest = req.len - in_buf;
                         if io::copy(&mut r.by_ref().take(rest), &mut io::sink())? < rest {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
                         let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
-                        let reply = self.error(&req, EOVERFLOW, "write larger than 64 MiB");
+                        let reply = if foreign_payload {
+                            self.error(&req, EINVAL, "this command takes no payload")
+                        } else {
+                            self.error(&req, EOVERFLOW, "write larger than 64 MiB")
+                        };
                         batch.push((reply, held));
                     }
-                    CMD_WRITE if avail.len() >= REQUEST_LEN + len => {
+                    // From here on a WRITE's length is at most MAX_PAYLOAD.
+                    CMD_WRITE if avail.len() >= hl + req.len as usize => {
+                        let len = req.len as usize;
                         if is_slow(&req) {
-                            let payload = avail[REQUEST_LEN..REQUEST_LEN + len].to_vec();
-                            inb.consume(REQUEST_LEN + len);
+                            let payload = avail[hl..hl + len].to_vec();
+                            inb.consume(hl + len);
                             let held =
                                 self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
                             self.hand_off(scope, SlowJob { req, payload, held }, batch);
                         } else {
                             let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
                             let inb_ref = &*inb;
-                            let payload = &inb_ref.avail()[REQUEST_LEN..REQUEST_LEN + len];
+                            let payload = &inb_ref.avail()[hl..hl + len];
                             let reply = self.execute(&req, payload);
-                            inb.consume(REQUEST_LEN + len);
+                            inb.consume(hl + len);
                             batch.push((reply, held));
                         }
                     }
-                    CMD_WRITE if REQUEST_LEN + len <= inb.buf.len() => break, // read the rest
+                    CMD_WRITE if hl + req.len as usize <= inb.buf.len() => break, // read the rest
                     CMD_WRITE => {
                         // Longer than the read buffer: its own buffer.
-                        let in_buf = avail.len() - REQUEST_LEN;
+                        let len = req.len as usize;
+                        let in_buf = avail.len() - hl;
                         let held = self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
                         let mut payload = vec![0u8; len];
-                        payload[..in_buf].copy_from_slice(&inb.avail()[REQUEST_LEN..]);
-                        inb.consume(REQUEST_LEN + in_buf);
+                        payload[..in_buf].copy_from_slice(&inb.avail()[hl..]);
+                        inb.consume(hl + in_buf);
                         if let Err(e) = r.read_exact(&mut payload[in_buf..]) {
                             self.budget.release(held);
                             return Err(e);
@@ -409,7 +440,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         }
                     }
                     _ => {
-                        inb.consume(REQUEST_LEN);
+                        inb.consume(hl);
                         if is_slow(&req) {
                             let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
                             let job = SlowJob {
@@ -607,18 +638,35 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }
     }
 
+    /// The chunk header form for replies to `req`.
+    fn reply_to(&self, req: &Request) -> ReplyTo {
+        if self.s.extended {
+            ReplyTo::extended(req.handle, req.offset)
+        } else {
+            ReplyTo::structured(req.handle)
+        }
+    }
+
     fn error(&self, req: &Request, errno: u32, msg: &str) -> Vec<u8> {
         if self.s.structured {
-            let mut out = Vec::with_capacity(wire::CHUNK_HEADER_LEN + 6 + msg.len());
-            wire::push_error_chunk(&mut out, req.handle, errno, msg);
+            let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN + 6 + msg.len());
+            wire::push_error_chunk(&mut out, self.reply_to(req), errno, msg);
             out
         } else {
             wire::simple_reply(errno, req.handle).to_vec()
         }
     }
 
+    /// Success without payload: a simple reply, or with extended headers (which
+    /// allow no simple replies) a final `NONE` chunk.
     fn ok(&self, req: &Request) -> Vec<u8> {
-        wire::simple_reply(0, req.handle).to_vec()
+        if self.s.extended {
+            let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN);
+            wire::push_none_chunk(&mut out, self.reply_to(req));
+            out
+        } else {
+            wire::simple_reply(0, req.handle).to_vec()
+        }
     }
 
     fn result(&self, req: &Request, r: Result<(), ExportError>) -> Vec<u8> {
@@ -636,7 +684,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         if req.len == 0 {
             return Err(self.error(req, EINVAL, "zero-length request"));
         }
-        match req.offset.checked_add(req.len as u64) {
+        match req.offset.checked_add(req.len) {
             Some(end) if end <= self.s.size => Ok(()),
             _ => Err(self.error(req, past_end, "request beyond the end of the export")),
         }
@@ -658,7 +706,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             match req.kind {
                 CMD_READ => {
                     let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
-                    if req.len > MAX_PAYLOAD {
+                    if req.len > MAX_PAYLOAD as u64 {
                         return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
                     }
                     self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
@@ -669,7 +717,12 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     })
                 }
                 CMD_WRITE => {
-                    self.validate(req, CMD_FLAG_FUA, ENOSPC)?;
+                    let pl = if self.s.extended {
+                        CMD_FLAG_PAYLOAD_LEN
+                    } else {
+                        0
+                    };
+                    self.validate(req, CMD_FLAG_FUA | pl, ENOSPC)?;
                     self.writable(req)?;
                     Ok(self.result(req, ex.write(req.offset, data, fua)))
                 }
@@ -683,7 +736,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     // The spec: EINVAL for reads and trims past the end, ENOSPC for writes.
                     self.validate(req, CMD_FLAG_FUA, EINVAL)?;
                     self.writable(req)?;
-                    let mut r = ex.trim(req.offset, req.len as u64);
+                    let mut r = ex.trim(req.offset, req.len);
                     if fua && r.is_ok() {
                         r = ex.flush();
                     }
@@ -700,9 +753,9 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         return Err(self.error(req, ENOTSUP, "zeroing is not fast here"));
                     }
                     let mut r = if req.flags & CMD_FLAG_NO_HOLE != 0 {
-                        ex.write_zeroes_no_hole(req.offset, req.len as u64)
+                        ex.write_zeroes_no_hole(req.offset, req.len)
                     } else {
-                        ex.write_zeroes(req.offset, req.len as u64)
+                        ex.write_zeroes(req.offset, req.len)
                     };
                     if fua && r.is_ok() {
                         r = ex.flush();
@@ -711,7 +764,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 }
                 CMD_CACHE => {
                     self.validate(req, CMD_FLAG_FUA, EINVAL)?;
-                    Ok(self.result(req, ex.cache(req.offset, req.len as u64)))
+                    Ok(self.result(req, ex.cache(req.offset, req.len)))
                 }
                 CMD_BLOCK_STATUS => {
                     if !self.s.base_allocation {
@@ -719,17 +772,13 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     }
                     self.validate(req, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, EINVAL)?;
                     let reported = ex
-                        .block_status(req.offset, req.len as u64)
+                        .block_status(req.offset, req.len)
                         .map_err(|e| self.error(req, e.kind.nbd_errno(), &e.message))?;
                     let req_one = req.flags & CMD_FLAG_REQ_ONE != 0;
                     let d = extents::descriptors(&reported, req.len, req_one);
-                    let mut out = Vec::with_capacity(wire::CHUNK_HEADER_LEN + 4 + 8 * d.len());
-                    wire::push_block_status_chunk(
-                        &mut out,
-                        req.handle,
-                        META_BASE_ALLOCATION_ID,
-                        &d,
-                    );
+                    let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN + 8 + 16 * d.len());
+                    let to = self.reply_to(req);
+                    wire::push_block_status_chunk(&mut out, to, META_BASE_ALLOCATION_ID, &d);
                     Ok(out)
                 }
                 _ => Err(self.error(req, EINVAL, "unknown command")),
@@ -760,25 +809,28 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         done: bool,
     ) -> Result<(), ExportError> {
         let start = out.len();
-        let hdr = wire::CHUNK_HEADER_LEN + 8;
+        let to = self.reply_to(req);
+        let chunk = to.header_len();
+        let hdr = chunk + 8;
         out.resize(start + hdr + len, 0);
         self.s.export.read(offset, &mut out[start + hdr..])?;
         let flags = if done { REPLY_FLAG_DONE } else { 0 };
+        let payload = (8 + len) as u64;
         wire::put_chunk_header(
             &mut out[start..],
+            to,
             flags,
             REPLY_TYPE_OFFSET_DATA,
-            req.handle,
-            (8 + len) as u32,
+            payload,
         );
-        out[start + wire::CHUNK_HEADER_LEN..start + hdr].copy_from_slice(&offset.to_be_bytes());
+        out[start + chunk..start + hdr].copy_from_slice(&offset.to_be_bytes());
         Ok(())
     }
 
     /// Structured read: holes become `OFFSET_HOLE` chunks, data
     /// `OFFSET_DATA` chunks (a single data chunk with `NBD_CMD_FLAG_DF`).
     fn read_structured(&self, req: &Request) -> Vec<u8> {
-        let len = req.len as u64;
+        let len = req.len;
         let df = req.flags & CMD_FLAG_DF != 0;
         let mut parts: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
         let mut pos = 0u64;
@@ -793,24 +845,26 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 pos += e.len;
             }
         }
+        // The caller checked req.len <= MAX_PAYLOAD: every length fits 32 bits.
+        let to = self.reply_to(req);
         let mut out = Vec::new();
         let r = if parts.len() == 1 && parts[0].2 {
-            wire::push_hole_chunk(&mut out, req.handle, req.offset, req.len, true);
+            wire::push_hole_chunk(&mut out, to, req.offset, req.len as u32, true);
             Ok(())
         } else if parts.len() == 1 || df {
-            out.reserve_exact(wire::CHUNK_HEADER_LEN + 8 + req.len as usize);
+            out.reserve_exact(to.header_len() + 8 + req.len as usize);
             self.push_data_chunk(&mut out, req, req.offset, req.len as usize, true)
         } else {
             let mut r = Ok(());
             for &(off, l, zero) in &parts {
                 if zero {
-                    wire::push_hole_chunk(&mut out, req.handle, off, l as u32, false);
+                    wire::push_hole_chunk(&mut out, to, off, l as u32, false);
                 } else if let Err(e) = self.push_data_chunk(&mut out, req, off, l as usize, false) {
                     r = Err(e);
                     break;
                 }
             }
-            wire::push_none_chunk(&mut out, req.handle);
+            wire::push_none_chunk(&mut out, to);
             r
         };
         match r {

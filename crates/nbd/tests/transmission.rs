@@ -24,7 +24,7 @@ fn pipelined_requests_all_answered() {
             kind: CMD_WRITE,
             handle: 1000 + i,
             offset: i << 17,
-            len: data.len() as u32,
+            len: data.len() as u64,
         }));
         batch.extend_from_slice(&data);
     }

@@ -256,7 +256,7 @@ impl Raw {
             kind,
             handle,
             offset,
-            len,
+            len: len as u64,
         })
         .to_vec();
         b.extend_from_slice(payload);
