@@ -6,10 +6,13 @@ use crate::ftl::FtlCounters;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// Latency summary in microseconds.
+/// Latency summary in microseconds. `min`, `mean` and `max` are exact; the percentiles come
+/// from the histogram (3 significant digits) and are clamped into `[min, max]`, so rounding
+/// never puts a percentile outside the observed range.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct LatencySummary {
     pub count: u64,
+    pub min: f64,
     pub mean: f64,
     pub p50: f64,
     pub p99: f64,
@@ -26,6 +29,7 @@ pub const MAX_LATENCY_NS: u64 = 1 << 42;
 pub struct LatencyRecorder {
     hist: Histogram<u64>,
     sum_ns: u128,
+    min_ns: u64,
     max_ns: u64,
 }
 
@@ -34,6 +38,7 @@ impl Default for LatencyRecorder {
         LatencyRecorder {
             hist: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds"),
             sum_ns: 0,
+            min_ns: u64::MAX,
             max_ns: 0,
         }
     }
@@ -44,6 +49,7 @@ impl LatencyRecorder {
     pub fn record(&mut self, ns: u64) {
         self.hist.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
         self.sum_ns += ns as u128;
+        self.min_ns = self.min_ns.min(ns);
         self.max_ns = self.max_ns.max(ns);
     }
 
@@ -57,12 +63,21 @@ impl LatencyRecorder {
             return LatencySummary::default();
         }
         let us = |v: u64| v as f64 / 1000.0;
+        // The histogram reports the highest value equivalent to a bucket, which can lie
+        // above the largest (or below the smallest) latency actually recorded.
+        let q = |x: f64| {
+            us(self
+                .hist
+                .value_at_quantile(x)
+                .clamp(self.min_ns, self.max_ns))
+        };
         LatencySummary {
             count: n,
+            min: us(self.min_ns),
             mean: self.sum_ns as f64 / n as f64 / 1000.0,
-            p50: us(self.hist.value_at_quantile(0.50)),
-            p99: us(self.hist.value_at_quantile(0.99)),
-            p999: us(self.hist.value_at_quantile(0.999)),
+            p50: q(0.50),
+            p99: q(0.99),
+            p999: q(0.999),
             max: us(self.max_ns),
         }
     }
@@ -218,6 +233,34 @@ mod tests {
         assert!((s.p50 - 2.0).abs() < 0.01, "{s:?}");
         r.record(5_000_000);
         assert!((r.summary().p999 - 5000.0).abs() < 5.0);
+    }
+
+    #[test]
+    fn percentiles_stay_within_min_and_max() {
+        // Constant latencies that the histogram rounds up (3 significant digits).
+        for v in [1_234_567u64, 67_001, 2_300_123, 999_999_999] {
+            let mut r = LatencyRecorder::default();
+            for _ in 0..100 {
+                r.record(v);
+            }
+            let s = r.summary();
+            assert_eq!(s.min, s.max, "{v}");
+            for p in [s.p50, s.p99, s.p999] {
+                assert_eq!(p, s.max, "{v}: {s:?}");
+            }
+        }
+        // Random sets, seeded: every percentile inside [min, max], in order.
+        let seed = 0x5eed;
+        let mut rng = crate::rng::SimRng::new(seed, 1);
+        for round in 0..200 {
+            let mut r = LatencyRecorder::default();
+            for _ in 0..1 + rng.below(50) {
+                r.record(1 + rng.below(1 << 40));
+            }
+            let s = r.summary();
+            let ok = s.min <= s.p50 && s.p50 <= s.p99 && s.p99 <= s.p999 && s.p999 <= s.max;
+            assert!(ok, "seed {seed} round {round}: {s:?}");
+        }
     }
 
     #[test]
