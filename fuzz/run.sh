@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SECS=${1:-30}
-TARGETS=(nbd_handshake nbd_request decode_formats open_corrupt_pool)
+TARGETS=(nbd_handshake nbd_session nbd_request decode_formats open_corrupt_pool)
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
     # The corpus checks and a few random inputs on stable first (cheap, and they name a
     # missing seed corpus, which libFuzzer only reports as "No such file or directory").

@@ -26,12 +26,17 @@ pub fn nbd_handshake(data: &[u8]) {
     let _ = flashpool_nbd::handshake::negotiate(&mut r, &mut w, exports, &AtomicBool::new(false));
 }
 
-/// Transmission-phase request and option headers.
+/// Transmission-phase request headers (compact and extended) and option headers.
 pub fn nbd_request(data: &[u8]) {
-    use flashpool_nbd::wire::{decode_option_header, decode_request};
+    use flashpool_nbd::wire::{decode_option_header, decode_request, decode_request_ext};
     for c in data.chunks(28) {
         if let Ok(b) = c.try_into() {
             let _ = decode_request(b);
+        }
+    }
+    for c in data.chunks(32) {
+        if let Ok(b) = c.try_into() {
+            let _ = decode_request_ext(b);
         }
     }
     for c in data.chunks(16) {
@@ -39,6 +44,100 @@ pub fn nbd_request(data: &[u8]) {
             let _ = decode_option_header(b);
         }
     }
+}
+
+/// A whole NBD session on a fresh 1 MiB memory export, fed `data` as everything the client
+/// sends: the handshake, then (if it gets there) requests until the bytes run out.
+pub fn nbd_session(data: &[u8]) {
+    nbd_session_output(data);
+}
+
+/// [`nbd_session`], returning what the server sent.
+pub fn nbd_session_output(data: &[u8]) -> Vec<u8> {
+    let mut e = StaticExports::new();
+    e.add("disk", "fuzz export", Arc::new(MemExport::new(1 << 20)));
+    e.set_default("disk");
+    let mut out = Vec::new();
+    let config = flashpool_nbd::Config {
+        max_buffer_bytes_per_connection: 1 << 20,
+        ..flashpool_nbd::Config::default()
+    };
+    flashpool_nbd::server::serve_stream(Cursor::new(data), &mut out, &e, &config);
+    out
+}
+
+/// Seeds of `nbd_session`: scripted sessions that reach transmission and use every command,
+/// with compact headers (`EXPORT_NAME`, simple replies), structured replies (`GO`) and
+/// extended headers; each writes `b"flashpool"` at 4096 and reads it back.
+pub fn nbd_session_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use flashpool_nbd::proto::*;
+    use flashpool_nbd::wire::{encode_request, encode_request_ext, Request};
+    fn opt(out: &mut Vec<u8>, o: u32, data: &[u8]) {
+        out.extend_from_slice(b"IHAVEOPT");
+        out.extend_from_slice(&o.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+    }
+    let meta = {
+        let mut p = 4u32.to_be_bytes().to_vec();
+        p.extend_from_slice(b"disk");
+        p.extend_from_slice(&1u32.to_be_bytes());
+        p.extend_from_slice(&(META_BASE_ALLOCATION.len() as u32).to_be_bytes());
+        p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+        p
+    };
+    let go = [&4u32.to_be_bytes()[..], b"disk", &0u16.to_be_bytes()].concat();
+    let requests = |ext: bool, meta: bool| {
+        let mut out = Vec::new();
+        let mut req = |flags: u16, kind: u16, offset: u64, len: u64, payload: &[u8]| {
+            let r = Request {
+                flags,
+                kind,
+                handle: out.len() as u64,
+                offset,
+                len,
+            };
+            if ext {
+                out.extend_from_slice(&encode_request_ext(&r));
+            } else {
+                out.extend_from_slice(&encode_request(&r));
+            }
+            out.extend_from_slice(payload);
+        };
+        req(0, CMD_WRITE, 4096, 9, b"flashpool");
+        req(CMD_FLAG_FUA, CMD_WRITE, 8192, 4, b"fua!");
+        req(0, CMD_READ, 4096, 9, &[]);
+        req(0, CMD_READ, 0, 16384, &[]);
+        req(CMD_FLAG_NO_HOLE, CMD_WRITE_ZEROES, 65536, 4096, &[]);
+        req(0, CMD_TRIM, 65536, 4096, &[]);
+        req(0, CMD_CACHE, 0, 4096, &[]);
+        req(0, CMD_FLUSH, 0, 0, &[]);
+        if meta {
+            req(0, CMD_BLOCK_STATUS, 0, 1 << 20, &[]);
+        }
+        req(0, CMD_READ, 1 << 20, 512, &[]); // past the end
+        req(0, CMD_DISC, 0, 0, &[]);
+        out
+    };
+    let flags = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes();
+    let mut compact = flags.to_vec();
+    opt(&mut compact, OPT_EXPORT_NAME, b"disk");
+    compact.extend(requests(false, false));
+    let mut structured = flags.to_vec();
+    opt(&mut structured, OPT_STRUCTURED_REPLY, &[]);
+    opt(&mut structured, OPT_SET_META_CONTEXT, &meta);
+    opt(&mut structured, OPT_GO, &go);
+    structured.extend(requests(false, true));
+    let mut extended = flags.to_vec();
+    opt(&mut extended, OPT_EXTENDED_HEADERS, &[]);
+    opt(&mut extended, OPT_SET_META_CONTEXT, &meta);
+    opt(&mut extended, OPT_GO, &go);
+    extended.extend(requests(true, true));
+    vec![
+        ("compact_export_name", compact),
+        ("structured_go", structured),
+        ("extended_go", extended),
+    ]
 }
 
 /// Every on-disk structure's decoder.

@@ -59,6 +59,26 @@ fn nbd_handshake() {
 }
 
 #[test]
+fn nbd_session() {
+    drive("nbd_session", flashpool_fuzz::nbd_session, 1024, cases() / 4);
+}
+
+/// The nbd_session seeds reach transmission and read back what they wrote, so the fuzzer
+/// starts past the handshake; the committed corpus holds them.
+#[test]
+fn nbd_session_seeds_reach_transmission() {
+    let committed = corpus("nbd_session");
+    for (name, seed) in flashpool_fuzz::nbd_session_seeds() {
+        let out = flashpool_fuzz::nbd_session_output(&seed);
+        assert!(
+            out.windows(9).any(|w| w == b"flashpool"),
+            "seed {name}: the write was not read back"
+        );
+        assert!(committed.contains(&seed), "seed {name} missing from corpus/nbd_session");
+    }
+}
+
+#[test]
 fn nbd_request() {
     drive("nbd_request", flashpool_fuzz::nbd_request, 256, cases());
 }
@@ -89,6 +109,7 @@ fn open_corrupt_pool() {
 fn every_target_has_a_seed_corpus() {
     for t in [
         "nbd_handshake",
+        "nbd_session",
         "nbd_request",
         "decode_formats",
         "open_corrupt_pool",

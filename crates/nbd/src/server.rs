@@ -12,7 +12,7 @@
 //! `Config::handshake_timeout` of its accept has its socket shut down.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
@@ -585,6 +585,30 @@ fn spawn_connection(shared: &Arc<Shared>, id: u64, t: Transport) -> io::Result<(
         return Err(e);
     }
     Ok(())
+}
+
+/// Serve one connection over any byte stream, outside a [`Server`]: the
+/// handshake (every connection admitted, no timeout), then requests until the
+/// stream ends, with `config`'s per-connection limits and no busy polling.
+/// For tests and fuzzing (`fuzz/`: the `nbd_session` target feeds it arbitrary
+/// bytes); real clients come through a `Server`'s listeners.
+pub fn serve_stream<R: Read + Send, W: Write + Send>(
+    reader: R,
+    mut writer: W,
+    exports: &dyn ExportSet,
+    config: &Config,
+) {
+    let mut r = BufReader::with_capacity(HANDSHAKE_BUFFER, reader);
+    let stop = AtomicBool::new(false);
+    if let Ok(session) = handshake::negotiate(&mut r, &mut writer, exports, &stop) {
+        let limits = Limits {
+            max_in_flight: config.max_in_flight_per_connection,
+            max_helpers: config.helper_threads_per_connection,
+            max_buffer_bytes: config.max_buffer_bytes_per_connection,
+            busy_poll: None,
+        };
+        transmission::serve(r, writer, &session, limits, &|_| {});
+    }
 }
 
 fn serve_connection(shared: &Shared, id: u64, t: Transport) {
