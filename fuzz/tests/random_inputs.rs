@@ -60,7 +60,12 @@ fn nbd_handshake() {
 
 #[test]
 fn nbd_session() {
-    drive("nbd_session", flashpool_fuzz::nbd_session, 1024, cases() / 4);
+    drive(
+        "nbd_session",
+        flashpool_fuzz::nbd_session,
+        1024,
+        cases() / 4,
+    );
 }
 
 /// The nbd_session seeds reach transmission and read back what they wrote, so the fuzzer
@@ -74,7 +79,10 @@ fn nbd_session_seeds_reach_transmission() {
             out.windows(9).any(|w| w == b"flashpool"),
             "seed {name}: the write was not read back"
         );
-        assert!(committed.contains(&seed), "seed {name} missing from corpus/nbd_session");
+        assert!(
+            committed.contains(&seed),
+            "seed {name} missing from corpus/nbd_session"
+        );
     }
 }
 
