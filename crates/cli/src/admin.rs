@@ -2,16 +2,20 @@
 //! one JSON answer. It lets `flashpool drive` and `flashpool status` act on a pool that a
 //! `flashpool serve` holds (the data dir lock keeps them from opening it themselves).
 //!
-//! Commands: `status` (pool, drives, counters, rebuild progress), `add` (a new file drive in
-//! the data dir joins the pool), `fail N` (take drive N out of service; the server's cleaner
-//! thread rebuilds after its grace delay), `remove N` (fail it and rebuild now), `readmit N`
-//! (put a failed drive that has not been rebuilt back in service).
+//! Commands: `status` (pool, members, counters, rebuild progress), `add FORCE [PATH]` (a
+//! drive joins the pool: PATH, or a new file in the data dir), `replace N FORCE PATH` (PATH
+//! takes member N's place; N's data is rebuilt onto the pool), `fail N` (take member N out of
+//! service; the server's cleaner thread rebuilds after its grace delay), `remove N` (fail it
+//! and rebuild now), `readmit N` (put a failed member that has not been rebuilt back in
+//! service), `rebuild` (rebuild now). FORCE is 0 or 1. Each connection is served on its own
+//! thread (at most `MAX_ADMIN_CONNECTIONS` at once), so `status` answers while a rebuild runs.
 
 use anyhow::{bail, Context, Result};
 use flashpool_engine::Pool;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +24,38 @@ pub fn socket_path(dir: &Path) -> PathBuf {
     dir.join("admin.sock")
 }
 
-/// The pool's state as JSON.
-pub fn status_json(pool: &Pool) -> serde_json::Value {
+/// Most admin connections served at once; more are answered with an error.
+const MAX_ADMIN_CONNECTIONS: usize = 8;
+
+/// The protection left right now, in words: what the pool can still lose.
+pub fn protection(k: usize, m: usize, down: usize) -> String {
+    let state = match down {
+        0 => "all members in service".to_string(),
+        1 => "one member down".to_string(),
+        n => format!("{n} members down"),
+    };
+    let left = match m.saturating_sub(down) {
+        0 if down > m => "data unavailable".to_string(),
+        0 => "no further failure tolerated".to_string(),
+        1 => "tolerates 1 more failure".to_string(),
+        n => format!("tolerates {n} more failures"),
+    };
+    format!("{k}+{m}, {state}: {left}")
+}
+
+/// The pool's state as JSON; `dir`, when given, names where missing members were last seen.
+pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
+    let record = dir.and_then(|d| {
+        crate::datadir::record::MemberRecord::load(d)
+            .ok()
+            .flatten()
+            .map(|r| (d.to_owned(), r))
+    });
+    let down = pool
+        .drives()
+        .iter()
+        .filter(|d| d.state == "failed" || d.state == "missing")
+        .count();
     let info = pool.info();
     let stats = pool.stats();
     let rb = pool.rebuild_status();
@@ -43,8 +77,17 @@ pub fn status_json(pool: &Pool) -> serde_json::Value {
             "live_bytes": info.live_bytes,
         },
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
+        "protection": {
+            "k": info.k, "m": info.m, "members_down": down,
+            "failures_tolerated": info.m.saturating_sub(down),
+            "summary": protection(info.k, info.m, down),
+        },
         "drives": pool.drives().iter().map(|d| serde_json::json!({
-            "index": d.index, "state": d.state, "identity": d.identity,
+            "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,
+            "last_seen": record.as_ref().and_then(|(dir, r)| r.last_seen(dir, &d.uuid)).map(|p| p.display().to_string()),
+        })).collect::<Vec<_>>(),
+        "not_members": pool.ignored_drives().iter().map(|i| serde_json::json!({
+            "identity": i.identity, "kind": i.kind, "reason": i.reason, "claims_member": i.claims_member,
         })).collect::<Vec<_>>(),
         "volumes": pool.volumes().iter().map(|v| serde_json::json!({
             "name": v.name, "size": v.size, "compression": format!("{:?}", v.compression).to_lowercase(),
@@ -68,25 +111,45 @@ pub fn status_json(pool: &Pool) -> serde_json::Value {
 
 fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
     let words: Vec<&str> = line.split_whitespace().collect();
-    let drive = |w: Option<&&str>| -> Result<usize> {
-        w.context("missing drive index")?
+    let number = |w: Option<&&str>, what: &str| -> Result<usize> {
+        w.with_context(|| format!("missing {what}"))?
             .parse::<usize>()
-            .context("drive index must be a number")
+            .with_context(|| format!("{what} must be a number"))
+    };
+    // The path is the rest of the line after the leading words (it may hold spaces).
+    let rest_after = |n: usize| -> Option<PathBuf> {
+        let mut it = line.trim_start();
+        for _ in 0..n {
+            it = it.trim_start();
+            it = it.find(char::is_whitespace).map_or("", |i| &it[i..]);
+        }
+        let p = it.trim();
+        (!p.is_empty()).then(|| PathBuf::from(p))
     };
     let result: Result<serde_json::Value> = match words.first().copied() {
-        Some("status") => Ok(status_json(pool)),
-        Some("fail") => drive(words.get(1)).and_then(|i| {
+        Some("status") => Ok(status_json(pool, Some(dir))),
+        Some("fail") => number(words.get(1), "drive index").and_then(|i| {
             pool.fail_drive(i)?;
-            Ok(serde_json::json!({"ok": format!("drive {i} taken out of service; rebuild starts")}))
+            Ok(serde_json::json!({"ok": format!("drive {i} taken out of service")}))
         }),
-        Some("add") => crate::datadir::add_drive_online(dir, pool).map(|path| {
+        Some("add") => number(words.get(1), "force flag").and_then(|force| {
+            let path = crate::datadir::add_drive(dir, pool, rest_after(2).as_deref(), force == 1)?;
             let info = pool.info();
-            serde_json::json!({"ok": format!(
-                "drive {} added: {} drives, stripes {}+{}, capacity {} MiB",
+            Ok(serde_json::json!({"ok": format!(
+                "drive {} added: {} members, stripes {}+{}, capacity {} MiB",
                 path.display(), info.drive_count, info.k, info.m, info.capacity_bytes >> 20
-            )})
+            )}))
         }),
-        Some("remove") => drive(words.get(1)).and_then(|i| {
+        Some("replace") => number(words.get(1), "member index").and_then(|old| {
+            let force = number(words.get(2), "force flag")?;
+            let path = rest_after(3).context("missing the new drive's path")?;
+            let st = crate::datadir::replace_drive(dir, pool, old, &path, force == 1)?;
+            Ok(serde_json::json!({"ok": format!(
+                "member {old} replaced by {}: {} segments ({} MiB) rebuilt in {:.1} s",
+                path.display(), st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
+            )}))
+        }),
+        Some("remove") => number(words.get(1), "drive index").and_then(|i| {
             pool.fail_drive(i)?;
             let st = pool.rebuild()?;
             Ok(serde_json::json!({"ok": format!(
@@ -94,12 +157,26 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
                 st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
             )}))
         }),
-        Some("readmit") => drive(words.get(1)).and_then(|i| {
+        Some("readmit") => number(words.get(1), "drive index").and_then(|i| {
             pool.readmit_drive(i)?;
             Ok(serde_json::json!({"ok": format!("drive {i} back in service")}))
         }),
+        Some("rebuild") => {
+            if pool.needs_rebuild() {
+                pool.rebuild()
+                    .map(|st| {
+                        serde_json::json!({"ok": format!(
+                            "rebuild done: {} segments, {} MiB moved in {:.1} s",
+                            st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
+                        )})
+                    })
+                    .map_err(Into::into)
+            } else {
+                Ok(serde_json::json!({"ok": "nothing to rebuild"}))
+            }
+        }
         _ => Err(anyhow::anyhow!(
-            "unknown command {line:?}: status, add, fail N, remove N or readmit N"
+            "unknown command {line:?}: status, add, replace, fail N, remove N, readmit N or rebuild"
         )),
     };
     result.unwrap_or_else(|e| serde_json::json!({"error": format!("{e:#}")}))
@@ -115,22 +192,43 @@ pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
     std::thread::Builder::new()
         .name("admin".into())
         .spawn(move || {
+            let busy = Arc::new(AtomicUsize::new(0));
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut line = String::new();
-                // At most 256 bytes of command: anything longer is not one of ours.
-                if BufReader::new((&conn).take(256))
-                    .read_line(&mut line)
-                    .is_err()
-                {
+                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    let reply = serde_json::json!({"error": "the server is busy with other admin commands; try again"});
+                    let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
                     continue;
                 }
-                let reply = answer(&pool, &dir, line.trim());
-                let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
+                let (pool, dir, busy) = (pool.clone(), dir.clone(), busy.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("admin-conn".into())
+                    .spawn(move || {
+                        serve_one(&pool, &dir, conn);
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    tracing::warn!("cannot start an admin thread; command dropped");
+                }
             }
         })?;
     Ok(path)
+}
+
+/// Reads one command from `conn` and answers it.
+fn serve_one(pool: &Pool, dir: &Path, conn: UnixStream) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut line = String::new();
+    // At most 4 KiB of command (a path included): anything longer is not one of ours.
+    if BufReader::new((&conn).take(4096))
+        .read_line(&mut line)
+        .is_err()
+    {
+        return;
+    }
+    let reply = answer(pool, dir, line.trim());
+    let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
 }
 
 /// Sends one command to the server holding `dir`; returns its JSON answer.

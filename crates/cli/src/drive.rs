@@ -1,5 +1,5 @@
-//! `flashpool drive list|add|fail|remove|rebuild` against a data dir (not while a server holds it; a
-//! running server rebuilds by itself when a drive fails).
+//! `flashpool drive list|add|replace|fail|remove|readmit|rebuild`: member management, on a data
+//! dir directly or, while a server holds it, through the server's admin socket.
 
 use crate::datadir;
 use anyhow::{bail, Result};
@@ -18,18 +18,35 @@ pub struct DriveArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum DriveCmd {
-    /// List the pool's drives and their state.
+    /// List the pool's members, their state and UUID.
     List,
-    /// Mark a drive failed (as an I/O error would): the pool runs degraded, and a server
-    /// rebuilds its data after `--rebuild-delay` unless the drive is re-admitted first.
+    /// Mark a member failed (as an I/O error would): the pool runs degraded, and a server
+    /// rebuilds its data after `--rebuild-delay` unless the member is re-admitted first.
     Fail { index: usize },
-    /// Take a drive out of the pool now: rebuild its data onto the others and retire it.
+    /// Take a member out of the pool now: rebuild its data onto the others and retire it.
     Remove { index: usize },
-    /// Rebuild the data of failed or missing drives onto the others.
+    /// Put a failed member that was not rebuilt yet back in service.
+    Readmit { index: usize },
+    /// Rebuild the data of failed or missing members onto the others.
     Rebuild,
-    /// Add a drive (a new file in the data dir, the size of the others), also while serving:
-    /// capacity grows at once, new stripes are wider.
-    Add,
+    /// Add a drive (a block device or file given, or a new file in the data dir the size of
+    /// the others), also while serving: capacity grows at once, new stripes are wider.
+    Add {
+        /// Block device (used whole) or file (created at the pool's drive size if missing).
+        path: Option<PathBuf>,
+        /// Use it even if it holds a filesystem, a partition table or another pool.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Replace member OLD by the drive at NEW (created at the pool's drive size if missing):
+    /// NEW joins the pool, OLD is taken out and its data rebuilt onto the pool.
+    Replace {
+        old: usize,
+        new: PathBuf,
+        /// Use NEW even if it holds a filesystem, a partition table or another pool.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// Runs `flashpool drive`.
@@ -37,49 +54,68 @@ pub fn run(a: DriveArgs) -> Result<()> {
     if crate::admin::server_running(&a.data) {
         return online(&a);
     }
-    if let DriveCmd::Add = a.cmd {
-        let dd = datadir::add_drive(&a.data)?;
-        let info = dd.pool.info();
+    if let DriveCmd::List = a.cmd {
+        let dd = datadir::open_read_only(&a.data)?;
+        let pool = &dd.pool;
+        let info = pool.info();
         println!(
-            "drive added: {} drives, stripes {}+{}, capacity {} MiB",
+            "pool {}: {} members, {} healthy, {}+{} protection, rebuild needed: {}",
+            info.uuid,
             info.drive_count,
+            info.healthy_drives,
             info.k,
             info.m,
-            info.capacity_bytes >> 20
+            pool.needs_rebuild()
         );
-        dd.pool.close()?;
+        for d in pool.drives() {
+            println!("{:>3}  {:<8}  {}  {}", d.index, d.state, d.uuid, d.identity);
+        }
+        for i in pool.ignored_drives() {
+            println!("  -  {:<8}  {}: {}", i.kind, i.identity, i.reason);
+        }
         return Ok(());
     }
     let dd = datadir::open_existing(&a.data)?;
     let pool = &dd.pool;
-    match a.cmd {
-        DriveCmd::List => {
+    match &a.cmd {
+        DriveCmd::List => unreachable!("handled above"),
+        DriveCmd::Add { path, force } => {
+            let p = datadir::add_drive(&a.data, pool, path.as_deref(), *force)?;
             let info = pool.info();
             println!(
-                "pool {}: {} drives, {} healthy, {}+{} protection, rebuild needed: {}",
-                info.uuid,
+                "drive {} added: {} members, stripes {}+{}, capacity {} MiB",
+                p.display(),
                 info.drive_count,
-                info.healthy_drives,
                 info.k,
                 info.m,
-                pool.needs_rebuild()
+                info.capacity_bytes >> 20
             );
-            for d in pool.drives() {
-                println!("{:>3}  {:<8}  {}", d.index, d.state, d.identity);
-            }
+        }
+        DriveCmd::Replace { old, new, force } => {
+            let st = datadir::replace_drive(&a.data, pool, *old, new, *force)?;
+            println!(
+                "member {old} replaced by {}: {} segments ({} MiB) rebuilt in {:.1} s",
+                new.display(),
+                st.total_segments,
+                st.moved_bytes >> 20,
+                st.elapsed_secs
+            );
         }
         DriveCmd::Fail { index } | DriveCmd::Remove { index } => {
-            if index >= pool.info().drive_count {
+            if *index >= pool.info().drive_count {
                 bail!(
                     "no drive {index} (the pool has {} drives)",
                     pool.info().drive_count
                 );
             }
-            pool.fail_drive(index)?;
+            pool.fail_drive(*index)?;
             rebuild(pool)?;
         }
+        DriveCmd::Readmit { index } => {
+            pool.readmit_drive(*index)?;
+            println!("drive {index} back in service");
+        }
         DriveCmd::Rebuild => rebuild(pool)?,
-        DriveCmd::Add => unreachable!("handled above"),
     }
     pool.close()?;
     Ok(())
@@ -104,11 +140,25 @@ fn rebuild(pool: &flashpool_engine::Pool) -> Result<()> {
 /// The same commands against a running server, through its admin socket.
 fn online(a: &DriveArgs) -> Result<()> {
     use crate::admin::request;
-    match &a.cmd {
+    let command = match &a.cmd {
         DriveCmd::List => {
             let v = request(&a.data, "status")?;
             for d in v["drives"].as_array().into_iter().flatten() {
-                println!("{:>3}  {:<8}  {}", d["index"], d["state"].as_str().unwrap_or(""), d["identity"].as_str().unwrap_or(""));
+                println!(
+                    "{:>3}  {:<8}  {}  {}",
+                    d["index"],
+                    d["state"].as_str().unwrap_or(""),
+                    d["uuid"].as_str().unwrap_or(""),
+                    d["identity"].as_str().unwrap_or("")
+                );
+            }
+            for i in v["not_members"].as_array().into_iter().flatten() {
+                println!(
+                    "  -  {:<8}  {}: {}",
+                    i["kind"].as_str().unwrap_or(""),
+                    i["identity"].as_str().unwrap_or(""),
+                    i["reason"].as_str().unwrap_or("")
+                );
             }
             let rb = &v["rebuild"];
             if rb["running"].as_bool() == Some(true) {
@@ -116,23 +166,40 @@ fn online(a: &DriveArgs) -> Result<()> {
                     "rebuild: {:.1} % done, {:.1} MiB/s, ETA {} s",
                     rb["percent"].as_f64().unwrap_or(0.0),
                     rb["bytes_per_sec"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
-                    rb["eta_secs"].as_f64().map_or("?".into(), |s| format!("{s:.0}"))
+                    rb["eta_secs"]
+                        .as_f64()
+                        .map_or("?".into(), |s| format!("{s:.0}"))
                 );
             }
+            return Ok(());
         }
-        DriveCmd::Fail { index } => {
-            let v = request(&a.data, &format!("fail {index}"))?;
-            println!("{}", v["ok"].as_str().unwrap_or("done"));
-        }
-        DriveCmd::Remove { index } => {
-            let v = request(&a.data, &format!("remove {index}"))?;
-            println!("{}", v["ok"].as_str().unwrap_or("done"));
-        }
-        DriveCmd::Rebuild => println!("the server rebuilds by itself (see --rebuild-delay); `flashpool drive list` shows progress"),
-        DriveCmd::Add => {
-            let v = request(&a.data, "add")?;
-            println!("{}", v["ok"].as_str().unwrap_or("done"));
-        }
-    }
+        DriveCmd::Fail { index } => format!("fail {index}"),
+        DriveCmd::Remove { index } => format!("remove {index}"),
+        DriveCmd::Readmit { index } => format!("readmit {index}"),
+        DriveCmd::Rebuild => "rebuild".into(),
+        DriveCmd::Add { path, force } => format!(
+            "add {} {}",
+            u8::from(*force),
+            path.as_ref()
+                .map(|p| absolute(p).display().to_string())
+                .unwrap_or_default()
+        ),
+        DriveCmd::Replace { old, new, force } => format!(
+            "replace {old} {} {}",
+            u8::from(*force),
+            absolute(new).display()
+        ),
+    };
+    let v = request(&a.data, &command)?;
+    println!("{}", v["ok"].as_str().unwrap_or("done"));
     Ok(())
+}
+
+/// A path as the server (whose working directory may differ) must see it.
+fn absolute(p: &std::path::Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        std::env::current_dir().map_or_else(|_| p.to_owned(), |c| c.join(p))
+    }
 }

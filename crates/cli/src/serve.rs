@@ -1,7 +1,7 @@
 //! `flashpool serve`: open (or create) the pool in a data dir and export its volumes over NBD
 //! until SIGINT or SIGTERM, then flush, checkpoint and exit 0.
 
-use crate::datadir::{self, PoolShape};
+use crate::datadir::{self, OpenRequest, PoolShape};
 use crate::export::PoolExports;
 use crate::size::{parse_ec, parse_size};
 use anyhow::{Context, Result};
@@ -25,13 +25,31 @@ pub struct ServeArgs {
     /// Serve one connection on stdin/stdout (for `nbdinfo -- [ flashpool serve --stdio ]`).
     #[arg(long)]
     pub stdio: bool,
-    /// Drives of a new pool.
-    #[arg(long, default_value_t = 5)]
-    pub drives: usize,
+    /// Number of drive files of a new pool (default 5, under DIR/drives/).
+    #[arg(long, conflicts_with = "drive")]
+    pub drives: Option<usize>,
+    /// A block device (used whole) or file (created at --drive-size if missing) for a new
+    /// pool, repeated once per drive; also a place to look for the members of an existing
+    /// pool. Refused if it holds a filesystem, a partition table or another pool, unless
+    /// --force.
+    #[arg(long = "drive", value_name = "PATH")]
+    pub drive: Vec<PathBuf>,
+    /// A path or glob to search for members that moved (e.g. '/dev/disk/by-id/*'), repeated;
+    /// kept in the data dir's member record.
+    #[arg(long, value_name = "GLOB")]
+    pub search: Vec<String>,
+    /// Create the pool over --drive devices even if they hold a filesystem, a partition table
+    /// or another pool's superblock.
+    #[arg(long)]
+    pub force: bool,
+    /// Leave new drive files sparse (by default they are allocated, so the host filesystem
+    /// filling up cannot fail the pool).
+    #[arg(long)]
+    pub sparse: bool,
     /// Protection of a new pool: K data + M parity chunks per stripe (M = 0, 1 or 2).
     #[arg(long, default_value = "4+1", value_parser = parse_ec)]
     pub ec: (usize, usize),
-    /// Size of each drive of a new pool (sparse files).
+    /// Size of each drive file of a new pool.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub drive_size: u64,
     /// Size of the `default` volume of a new pool (thin).
@@ -56,14 +74,32 @@ pub struct ServeArgs {
 
 /// Runs `flashpool serve`.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let shape = PoolShape {
-        drives: a.drives,
-        k: a.ec.0,
-        m: a.ec.1,
-        drive_size: a.drive_size,
-        memory: a.memory,
+    if !a.stdio {
+        use std::net::ToSocketAddrs;
+        a.listen
+            .to_socket_addrs()
+            .with_context(|| format!("--listen {:?}: not a HOST:PORT address", a.listen))?;
+    }
+    if a.memory && !a.drive.is_empty() {
+        anyhow::bail!("--memory and --drive exclude each other");
+    }
+    let req = OpenRequest {
+        shape: PoolShape {
+            drives: a.drives.unwrap_or(5),
+            k: a.ec.0,
+            m: a.ec.1,
+            drive_size: a.drive_size,
+            memory: a.memory,
+            sparse: a.sparse,
+        },
+        default_volume: a.volume_size,
+        drives: a.drive.clone(),
+        search: a.search.clone(),
+        force: a.force,
+        create: true,
+        read_only: false,
     };
-    let dd = datadir::open_or_create(&a.data, &shape, a.volume_size)?;
+    let dd = datadir::open(&a.data, &req)?;
     let info = dd.pool.info();
     tracing::info!(
         data = %dd.dir.display(),

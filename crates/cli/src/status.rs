@@ -24,10 +24,8 @@ pub fn run(a: StatusArgs) -> Result<()> {
     let v = if admin::server_running(&a.data) {
         admin::request(&a.data, "status")?
     } else {
-        let dd = datadir::open_existing(&a.data)?;
-        let v = admin::status_json(&dd.pool);
-        dd.pool.close()?;
-        v
+        let dd = datadir::open_read_only(&a.data)?;
+        admin::status_json(&dd.pool, Some(&dd.dir))
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -45,6 +43,10 @@ pub fn run(a: StatusArgs) -> Result<()> {
         p["segments"],
         p["live_bytes"].as_u64().unwrap_or(0) >> 20,
         p["capacity_bytes"].as_u64().unwrap_or(0) >> 20
+    );
+    println!(
+        "protection: {}",
+        v["protection"]["summary"].as_str().unwrap_or("")
     );
     let su = &v["segment_utilisation"];
     let tenths: Vec<String> = su["tenths"]
@@ -86,11 +88,23 @@ pub fn run(a: StatusArgs) -> Result<()> {
         );
     }
     for d in v["drives"].as_array().into_iter().flatten() {
+        let at = match (d["identity"].as_str(), d["last_seen"].as_str()) {
+            (Some(p), _) if p != "-" => p.to_string(),
+            (_, Some(seen)) => format!("- (last seen at {seen})"),
+            _ => "-".to_string(),
+        };
         println!(
-            "drive {:>2}: {:<8} {}",
+            "drive {:>2}: {:<8} {} {at}",
             d["index"],
             d["state"].as_str().unwrap_or(""),
-            d["identity"].as_str().unwrap_or("")
+            d["uuid"].as_str().unwrap_or("")
+        );
+    }
+    for i in v["not_members"].as_array().into_iter().flatten() {
+        println!(
+            "not a member: {}: {}",
+            i["identity"].as_str().unwrap_or(""),
+            i["reason"].as_str().unwrap_or("")
         );
     }
     let rb = &v["rebuild"];

@@ -51,7 +51,11 @@ pub enum VolumeCmd {
 
 /// Runs `flashpool volume`.
 pub fn run(a: VolumeArgs) -> Result<()> {
-    let dd = datadir::open_existing(&a.data)?;
+    let dd = if matches!(a.cmd, VolumeCmd::List { .. }) {
+        datadir::open_read_only(&a.data)?
+    } else {
+        datadir::open_existing(&a.data)?
+    };
     let pool = &dd.pool;
     match a.cmd {
         VolumeCmd::Compression { name, setting } => {

@@ -85,6 +85,35 @@ impl Pool {
         inner.checkpoint()
     }
 
+    /// Replaces member `old` by `new`: `new` joins the pool (as [`Pool::add_drive_online`]),
+    /// `old` goes out of service, and everything that depended on it is rebuilt onto the pool
+    /// (live data only), after which `old` is retired: a replaced member that comes back later
+    /// is recognised as retired and left alone. Refused when taking `old` out would leave more
+    /// members down than parity covers.
+    pub fn replace_drive(&self, old: usize, new: DriveRef) -> Result<crate::RebuildStatus> {
+        let inner = &self.inner;
+        let slot = inner
+            .drives
+            .get(old)
+            .ok_or_else(|| Error::NotFound(format!("member {old}")))?;
+        if slot.retired.load(Ordering::SeqCst) {
+            return Err(Error::invalid(format!(
+                "member {old} is retired already (nothing depends on it): add a drive instead"
+            )));
+        }
+        let down = inner.drives_down();
+        if slot.usable().is_some() && down >= inner.geo.m as usize {
+            return Err(Error::invalid(format!(
+                "member {old} is in service and {down} member(s) are down already, parity covers {}: \
+                 taking it out now would leave data unreadable; replace a member that is down first",
+                inner.geo.m
+            )));
+        }
+        self.add_drive_online(new)?;
+        self.fail_drive(old)?;
+        self.rebuild()
+    }
+
     /// Adds `new` to the pool on `drives` (not open elsewhere) and returns the larger pool.
     pub fn add_drive(drives: Vec<DriveRef>, new: DriveRef) -> Result<Pool> {
         let pool = Pool::open(drives)?;

@@ -6,13 +6,15 @@
 //! checkpoint plus a roll-forward of the log after any crash. See docs/ARCHITECTURE.md and
 //! docs/FORMAT.md at the top of the repository.
 //!
-//! Modules, one job each: `drive` (the backend trait and its implementations), `codec`
+//! Modules, one job each: `drive` (the backend trait and its implementations), `assembly` (which drives are the
+//! pool's members), `codec`
 //! (erasure coding), `format` (on-disk encodings), `map` (block maps), `layout` (segments and
 //! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`
 //! (the paths through the pool), `volume` (the byte-level block API), `pool` (shared state and
 //! the public entry points), `stats` (counters).
 
 pub mod aligned;
+pub mod assembly;
 mod checkpoint;
 pub mod codec;
 pub mod compress;
@@ -34,6 +36,7 @@ pub mod stripe;
 mod volume;
 mod write;
 
+pub use assembly::{Assembly, IgnoredDrive, MemberView};
 pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;

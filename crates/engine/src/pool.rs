@@ -54,12 +54,20 @@ impl Default for PoolConfig {
 pub struct OpenOptions {
     /// Log bytes after which a checkpoint is taken.
     pub checkpoint_interval: u64,
+    /// The pool to open when the drives hold more than one (by default, the pool most of
+    /// them name).
+    pub pool_uuid: Option<[u8; 16]>,
+    /// Open without writing anything (no repairs, no checkpoint, no superblock update); the
+    /// pool serves reads and refuses writes.
+    pub read_only: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             checkpoint_interval: PoolConfig::default().checkpoint_interval,
+            pool_uuid: None,
+            read_only: false,
         }
     }
 }
@@ -258,6 +266,8 @@ pub(crate) struct Inner {
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
+    /// Drives presented at open that are not members, with the reason (for status).
+    pub ignored: Mutex<Vec<crate::assembly::IgnoredDrive>>,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -277,7 +287,10 @@ pub struct DriveStatus {
     pub index: usize,
     /// "active", "failed", "retired" or "missing".
     pub state: &'static str,
+    /// The drive's path (or `mem:N`), "-" when the member is missing.
     pub identity: String,
+    /// The member's UUID, as its superblock records it.
+    pub uuid: String,
 }
 
 /// Pool-wide facts for `flashpool status` and metrics.
@@ -291,6 +304,8 @@ pub struct PoolInfo {
     pub chunk_size: u32,
     pub segment_size: u64,
     pub segment_count: u32,
+    /// Bytes of each member drive the pool uses.
+    pub drive_size: u64,
     pub free_segments: usize,
     /// Bytes of data the pool can hold when every segment is used at full width.
     pub capacity_bytes: u64,
@@ -373,6 +388,7 @@ impl Inner {
             rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
+            ignored: Mutex::new(Vec::new()),
             geo,
         })
     }
@@ -532,6 +548,31 @@ impl Pool {
         })
     }
 
+    /// Sorts candidate drives into the members of one pool (`expect`, or the pool most of
+    /// them name) and the rest, without writing anything: the caller can report and decide
+    /// before [`Pool::open_assembly`].
+    pub fn assemble(
+        drives: Vec<DriveRef>,
+        expect: Option<[u8; 16]>,
+    ) -> Result<crate::assembly::Assembly> {
+        crate::assembly::assemble(drives, expect)
+    }
+
+    /// Opens the pool an assembly found; fails (writing nothing) when more members are down
+    /// than parity covers.
+    pub fn open_assembly(a: crate::assembly::Assembly, opts: &OpenOptions) -> Result<Pool> {
+        check_interval(opts.checkpoint_interval)?;
+        let inner = crate::recovery::recover_assembled(a, opts)?;
+        Ok(Pool {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The pool's UUID.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.inner.uuid
+    }
+
     /// Creates a thin volume of `size` bytes (a multiple of 4096... any size; the last
     /// partial block is usable up to `size`).
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
@@ -635,6 +676,7 @@ impl Pool {
             chunk_size: g.chunk_size,
             segment_size: g.segment_size,
             segment_count: g.segment_count,
+            drive_size: g.drive_size,
             free_segments: free,
             capacity_bytes: g.segment_count as u64
                 * g.segment_size
@@ -679,6 +721,7 @@ impl Pool {
     /// Every member drive and its state.
     pub fn drives(&self) -> Vec<DriveStatus> {
         use crate::format::superblock::{MEMBER_FAILED, MEMBER_RETIRED};
+        let members = self.inner.sb.lock().members.clone();
         self.inner
             .drives
             .iter()
@@ -695,8 +738,16 @@ impl Pool {
                     .drive
                     .as_ref()
                     .map_or_else(|| "-".into(), |d| d.info().identity),
+                uuid: members
+                    .get(index)
+                    .map_or_else(String::new, crate::assembly::uuid_text),
             })
             .collect()
+    }
+
+    /// Drives presented at open that were not taken as members, and why.
+    pub fn ignored_drives(&self) -> Vec<crate::assembly::IgnoredDrive> {
+        self.inner.ignored.lock().clone()
     }
 
     /// Chooses how the cleaner picks victims.

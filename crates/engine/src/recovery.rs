@@ -7,12 +7,13 @@
 //! was never flushed, and each of its blocks reads as its previous contents.
 
 use crate::aligned::AlignedBuf;
+use crate::assembly::Assembly;
 use crate::compress::Compression;
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CheckpointImage;
 use crate::format::header::{Record, StripeKind};
-use crate::format::superblock::{Superblock, MEMBER_ACTIVE, MEMBER_FAILED, MEMBER_RETIRED};
+use crate::format::superblock::{Superblock, MEMBER_ACTIVE};
 use crate::format::BLOCK;
 use crate::layout::{SegState, SegmentTable};
 use crate::map::Entry;
@@ -67,87 +68,30 @@ pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
 }
 
 pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner> {
-    let mut found: Vec<(Superblock, DriveRef)> = Vec::new();
-    let mut bad = Vec::new();
-    let mut reasons: Vec<String> = Vec::new();
-    for d in drives {
-        match read_superblock(&d) {
-            Ok(sb) => found.push((sb, d)),
-            Err(e) => {
-                // The same reason on every drive is said once.
-                let s = e.to_string();
-                let reason = s.rsplit(": ").next().unwrap_or(&s).to_string();
-                if !reasons.contains(&reason) {
-                    reasons.push(reason);
-                }
-                bad.push(s);
-            }
-        }
+    recover_assembled(crate::assembly::assemble(drives, opts.pool_uuid)?, opts)
+}
+
+/// Opens the pool an [`Assembly`] found (whose `check` passed).
+pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner> {
+    a.check()?;
+    for i in &a.ignored {
+        tracing::warn!(drive = %i.identity, "not a member of the pool: {}", i.reason);
     }
-    let Some(newest) = found
-        .iter()
-        .map(|(s, _)| s)
-        .max_by_key(|s| s.generation)
-        .cloned()
-    else {
-        return Err(Error::corrupt(format!(
-            "no valid flashpool superblock on any of {} drives: {}",
-            bad.len(),
-            reasons.join("; ")
-        )));
-    };
+    for m in a.down() {
+        tracing::warn!(
+            member = m.index,
+            uuid = %crate::assembly::uuid_text(&m.uuid),
+            state = m.state_name(),
+            "member out of service; opening degraded"
+        );
+    }
+    let Assembly {
+        newest,
+        slots,
+        ignored,
+    } = a;
     let geo = newest.geometry.clone();
-    let mut slots: Vec<Option<DriveRef>> = vec![None; geo.drive_count as usize];
-    for (sb, d) in found {
-        let who = d.info().identity;
-        if sb.pool_uuid != newest.pool_uuid {
-            return Err(Error::corrupt(format!("{who} belongs to another pool")));
-        }
-        // A superblock one generation behind that names a prefix of the members is stale from
-        // an interrupted drive add: accepted, and rewritten by the checkpoint at the end.
-        let stale_add = sb.generation < newest.generation
-            && newest.members.starts_with(&sb.members)
-            && sb.geometry.drive_count < geo.drive_count;
-        if !stale_add && (sb.geometry != geo || sb.members != newest.members) {
-            return Err(Error::corrupt(format!(
-                "{who} disagrees with the other drives on the pool's geometry"
-            )));
-        }
-        if d.info().size < geo.drive_size {
-            return Err(Error::corrupt(format!(
-                "{who} is smaller than the pool's drive size"
-            )));
-        }
-        let i = sb.drive_index as usize;
-        if slots[i].is_some() {
-            return Err(Error::corrupt(format!("two drives claim index {i}")));
-        }
-        slots[i] = Some(d);
-    }
-    // Members out of service count as missing until they are rebuilt (retired).
     let state = |i: usize| newest.member_state.get(i).copied().unwrap_or(MEMBER_ACTIVE);
-    let missing = (0..slots.len())
-        .filter(|&i| {
-            state(i) != MEMBER_RETIRED && (slots[i].is_none() || state(i) == MEMBER_FAILED)
-        })
-        .count();
-    if missing > geo.m as usize {
-        return Err(Error::Unavailable(format!(
-            "{missing} of {} drives missing, unreadable or failed, parity covers {}{}",
-            geo.drive_count,
-            geo.m,
-            if bad.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", bad.join("; "))
-            }
-        )));
-    }
-    for (i, s) in slots.iter().enumerate() {
-        if s.is_none() && state(i) == MEMBER_ACTIVE {
-            tracing::warn!(drive = i, "drive missing; opening degraded");
-        }
-    }
     let drive_slots = slots
         .into_iter()
         .enumerate()
@@ -165,12 +109,16 @@ pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner
         sb,
         opts.checkpoint_interval,
     )?;
+    *inner.ignored.lock() = ignored;
     let started = std::time::Instant::now();
     let space_known = inner.load_checkpoint()?;
     let (replayed, repair) = inner.roll_forward(space_known)?;
     inner.recount_live();
     let up = inner.healthy().iter().filter(|h| **h).count();
-    if up <= inner.geo.m as usize {
+    if opts.read_only {
+        // Nothing is written: no repairs, no checkpoint; the pool refuses writes.
+        *inner.read_only.lock() = Some("opened read-only".into());
+    } else if up <= inner.geo.m as usize {
         // Every block is readable, but a stripe needs m + 1 drives: serve reads only.
         let why = format!("only {up} drives present: read-only until drives return");
         tracing::warn!("{why}");

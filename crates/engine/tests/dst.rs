@@ -33,6 +33,12 @@
 //! - `FLASHPOOL_DST_OPS=N`      operations per seed (default 160)
 //! - `FLASHPOOL_DST_STRICT=1`   crashes may damage unflushed writes on every drive
 //!
+//! Every open may also present drives that are not members, among the members in random
+//! order and under random names: a drive of another pool, a blank device, and a stale copy of
+//! a member (a snapshot taken at an earlier open, presented once the pool has moved on by more
+//! than one superblock generation). The pool must take none of them, name each in
+//! `Pool::ignored_drives`, write nothing to them, and read every block back as the model says.
+//!
 //! Drives are also added online ([`Op::AddDrive`]: a fresh tracked drive joins the open pool,
 //! new stripes get wider, and the new drive is inside the fault budget and the crashes from
 //! then on).
@@ -376,6 +382,12 @@ struct Tally {
     engine_checkpoints: u64,
     drives_added: u64,
     add_drive_skipped: u64,
+    /// Drives that are not members presented at opens, by kind, all set aside.
+    strangers_foreign: u64,
+    strangers_blank: u64,
+    strangers_stale: u64,
+    /// Opens where the members were presented under random names.
+    renamed_opens: u64,
     /// Strict-mode seeds that ended on a pool read-only by design (m of n - retired faulty).
     read_only_ends: u64,
 }
@@ -410,6 +422,10 @@ struct World {
     /// the finding that recovery keeps degraded stripes unrepaired; see `strict_crashes`).
     strict: bool,
     pool: Option<Pool>,
+    /// A drive of another pool, made on first use.
+    foreign: Option<Arc<MemDrive>>,
+    /// A copy of member `.0` taken at an earlier open.
+    stale: Option<(usize, Arc<MemDrive>)>,
     vols: BTreeMap<String, VolModel>,
     next_vol: u32,
     written: u64,
@@ -477,6 +493,8 @@ impl World {
             usable,
             strict: false,
             pool: None,
+            foreign: None,
+            stale: None,
             vols: BTreeMap::new(),
             next_vol: 0,
             written: 0,
@@ -551,10 +569,54 @@ impl World {
         if !self.missing.is_empty() {
             self.tally.degraded_opens += 1;
         }
+        let strangers = self.strangers();
+        // Who each presented member is, by the name it is presented under.
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        let renamed = self.rng.random_range(0..2) == 0;
+        self.tally.renamed_opens += u64::from(renamed);
+        for d in drives.iter_mut() {
+            let i = self.index_of(d);
+            if renamed {
+                let name = format!("dev-{:08x}", self.rng.random::<u32>());
+                *d = Arc::new(Renamed(d.clone(), name));
+            }
+            names.insert(d.info().identity, i);
+        }
+        for (d, _, _) in &strangers {
+            let at = self.rng.random_range(0..=drives.len());
+            drives.insert(at, d.clone());
+        }
         match Pool::open(drives) {
             Ok(p) => {
                 p.set_gc_policy(self.policy);
+                let ignored = p.ignored_drives();
+                for (d, kind, image) in &strangers {
+                    let who = d.info().identity;
+                    if !ignored.iter().any(|i| i.identity == who) {
+                        return fail(format!(
+                            "open took the {kind} drive {who} as a member (set aside: {ignored:?})"
+                        ));
+                    }
+                    if read_head(d) != *image {
+                        return fail(format!("open wrote to the {kind} drive {who}"));
+                    }
+                }
+                // Members are set aside only for their faults (unreadable or damaged
+                // superblocks), because they are failed or because a rebuild retired them.
+                for i in &ignored {
+                    if let Some(&d) = names.get(&i.identity) {
+                        if !self.faulty.contains(&d)
+                            && !self.retired.contains(&d)
+                            && states.get(d).is_none_or(|s| *s == MEMBER_ACTIVE)
+                        {
+                            return fail(format!(
+                                "open set aside member {d}, which had no fault: {i:?}"
+                            ));
+                        }
+                    }
+                }
                 self.pool = Some(p);
+                self.maybe_snapshot();
             }
             Err(e) => {
                 let mapped: u64 = self.vols.values().map(VolModel::mapped_bytes).sum();
@@ -567,6 +629,78 @@ impl World {
         }
         self.tally.reopens += 1;
         self.verify_all("after open")
+    }
+
+    /// Drives that are not members to present at this open, with their kind and first bytes:
+    /// each kind with probability 1/3 (a stale copy only once it is really stale).
+    fn strangers(&mut self) -> Vec<(DriveRef, &'static str, Vec<u8>)> {
+        let mut out: Vec<(DriveRef, &'static str, Vec<u8>)> = Vec::new();
+        let mut push = |d: DriveRef, kind: &'static str| {
+            let head = read_head(&d);
+            out.push((d, kind, head));
+        };
+        if self.rng.random_range(0..3) == 0 {
+            let f = self.foreign.get_or_insert_with(|| {
+                let mems: Vec<Arc<MemDrive>> = (0..3)
+                    .map(|i| Arc::new(MemDrive::new(8 << 20, format!("foreign:{i}"))))
+                    .collect();
+                let cfg = PoolConfig {
+                    k: 2,
+                    m: 1,
+                    chunk_size: 16 << 10,
+                    segment_size: 1 << 20,
+                    checkpoint_interval: 1 << 20,
+                };
+                let p = Pool::create(mems.iter().map(|m| m.clone() as DriveRef).collect(), &cfg)
+                    .expect("foreign pool");
+                p.close().expect("foreign pool close");
+                mems[0].clone()
+            });
+            self.tally.strangers_foreign += 1;
+            push(f.clone() as DriveRef, "foreign");
+        }
+        if self.rng.random_range(0..3) == 0 {
+            self.tally.strangers_blank += 1;
+            push(Arc::new(MemDrive::new(1 << 20, "blank")), "blank");
+        }
+        let newest = self.newest_generation();
+        if let Some((i, copy)) = &self.stale {
+            let g = read_superblock(&(copy.clone() as DriveRef)).map_or(0, |sb| sb.generation);
+            if g + 1 < newest && self.rng.random_range(0..3) == 0 {
+                self.tally.strangers_stale += 1;
+                let d: DriveRef = Arc::new(Renamed(copy.clone(), format!("stale-copy-of-{i}")));
+                push(d, "stale");
+            }
+        }
+        out
+    }
+
+    /// The index of a member drive (by its memory image's identity, `mem:N`).
+    fn index_of(&self, d: &DriveRef) -> usize {
+        let id = d.info().identity;
+        id.strip_prefix("mem:")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unknown member identity {id}"))
+    }
+
+    /// Sometimes takes a copy of a member as it is now, to present as a stale copy later.
+    fn maybe_snapshot(&mut self) {
+        if self.rng.random_range(0..4) != 0 {
+            return;
+        }
+        let i = self.rng.random_range(0..self.mems.len());
+        let copy = self.mems[i].crash(|_, _| CrashFate::Persisted);
+        self.stale = Some((i, Arc::new(copy)));
+    }
+
+    /// The newest superblock generation on the members.
+    fn newest_generation(&self) -> u64 {
+        self.mems
+            .iter()
+            .filter_map(|m| read_superblock(&(m.clone() as DriveRef)).ok())
+            .map(|sb| sb.generation)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Reads every block of every volume: each must hold one of its candidates; what it
@@ -1487,6 +1621,35 @@ fn truncate(s: &str, n: usize) -> &str {
     }
 }
 
+/// A drive presented under another name.
+struct Renamed(DriveRef, String);
+
+impl Drive for Renamed {
+    fn info(&self) -> flashpool_engine::drive::DriveInfo {
+        let mut i = self.0.info();
+        i.identity = self.1.clone();
+        i
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.0.write_at(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The first 1 MiB of a drive (its superblocks and the reserved area), to check that nothing
+/// wrote to a drive that is not a member.
+fn read_head(d: &DriveRef) -> Vec<u8> {
+    let len = d.info().size.min(1 << 20) as usize;
+    let mut b = vec![0u8; len];
+    d.read_at(0, &mut b).expect("reading a stranger drive");
+    b
+}
+
 impl Tally {
     fn add(&mut self, o: &Tally) {
         self.seeds += o.seeds;
@@ -1520,6 +1683,10 @@ impl Tally {
         self.engine_checkpoints += o.engine_checkpoints;
         self.drives_added += o.drives_added;
         self.add_drive_skipped += o.add_drive_skipped;
+        self.strangers_foreign += o.strangers_foreign;
+        self.strangers_blank += o.strangers_blank;
+        self.strangers_stale += o.strangers_stale;
+        self.renamed_opens += o.renamed_opens;
         self.read_only_ends += o.read_only_ends;
     }
 }
@@ -1587,8 +1754,8 @@ fn deterministic_simulation() {
          cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
-         k + m + 3 drives); {} strict seeds \
-         ended read-only by design; {} failed",
+         k + m + 3 drives); not members presented and set aside: {} foreign, {} blank, {} stale \
+         copies; {} opens under random names; {} strict seeds ended read-only by design; {} failed",
         t.seeds,
         t.small_seeds,
         t0.elapsed().as_secs_f64(),
@@ -1629,6 +1796,10 @@ fn deterministic_simulation() {
         t.nospace_errors,
         t.drives_added,
         t.add_drive_skipped,
+        t.strangers_foreign,
+        t.strangers_blank,
+        t.strangers_stale,
+        t.renamed_opens,
         t.read_only_ends,
         failures.len()
     );

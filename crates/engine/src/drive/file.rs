@@ -10,6 +10,7 @@ use crate::aligned::{is_aligned, AlignedBuf};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// A file or block-device drive.
@@ -21,17 +22,55 @@ pub struct FileDrive {
 }
 
 impl FileDrive {
-    /// Creates (or truncates to) a sparse file of `size` bytes and opens it.
+    /// Creates (or truncates to) a sparse file of `size` bytes, readable by its owner only,
+    /// and opens it.
     pub fn create(path: &Path, size: u64) -> io::Result<Self> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(path)?;
         f.set_len(size / 4096 * 4096)?;
         drop(f);
         Self::open(path)
+    }
+
+    /// Creates a new file of `size` bytes (never over an existing one), readable by its owner
+    /// only, and opens it. With `allocate` its blocks are reserved now (`fallocate`), so the
+    /// host filesystem filling up later cannot fail the drive; where the filesystem cannot
+    /// preallocate, the file stays sparse and `Ok((drive, false))` says so.
+    pub fn create_new(path: &Path, size: u64, allocate: bool) -> io::Result<(Self, bool)> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        let len = size / 4096 * 4096;
+        let mut allocated = false;
+        if allocate && len > 0 {
+            // SAFETY: fallocate on a valid, owned file descriptor; no memory is passed.
+            let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+            if rc == 0 {
+                allocated = true;
+            } else {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    drop(f);
+                    let _ = std::fs::remove_file(path);
+                    return Err(e);
+                }
+            }
+        }
+        if let Err(e) = f.set_len(len) {
+            drop(f);
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        drop(f);
+        Ok((Self::open(path)?, allocated))
     }
 
     /// Opens an existing file or block device.
@@ -135,5 +174,32 @@ mod tests {
         d2.read_at(0, &mut r).unwrap();
         assert_eq!(&r[..], &a[..4096]);
         assert!(d2.write_at(1 << 20, &r).is_err());
+    }
+
+    #[test]
+    fn create_new_allocates_and_never_overwrites() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d0.img");
+        let (d, allocated) = FileDrive::create_new(&p, 4 << 20, true).unwrap();
+        assert_eq!(d.info().size, 4 << 20);
+        let md = std::fs::metadata(&p).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        if allocated {
+            assert!(md.blocks() * 512 >= 4 << 20, "{} blocks", md.blocks());
+        }
+        let mut a = AlignedBuf::zeroed(4096);
+        a[0] = 9;
+        d.write_at(0, &a).unwrap();
+        let e = FileDrive::create_new(&p, 4 << 20, true)
+            .err()
+            .expect("exists");
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        let mut r = AlignedBuf::zeroed(4096);
+        FileDrive::open(&p).unwrap().read_at(0, &mut r).unwrap();
+        assert_eq!(r[0], 9, "the existing file was not touched");
+        let (_, sparse) =
+            FileDrive::create_new(&dir.path().join("d1.img"), 4 << 20, false).unwrap();
+        assert!(!sparse);
     }
 }

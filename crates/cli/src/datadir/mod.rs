@@ -1,0 +1,570 @@
+//! The data dir: where `flashpool serve` keeps its pool, and how a pool's members are found.
+//!
+//! Layout: `DIR/flashpool.lock` (held with an exclusive flock by the one process using the
+//! pool, so a second server or a volume command run beside a server is refused instead of
+//! corrupting the pool), `DIR/members.json` (the member record: where each member was last
+//! seen, record.rs) and, for the embedded default, `DIR/drives/drive-N.img` (one file per
+//! drive). Members may also be block devices or files anywhere, given with `--drive`.
+//!
+//! Opening never trusts names or order: every candidate (candidates.rs) is handed to the
+//! engine's assembly, which takes members by the UUIDs in their superblocks, and the record
+//! only names what is missing. A data dir that holds a record or any drive file is opened or
+//! refused, never created over: a pool is created only in an empty data dir or over `--drive`s
+//! that hold nothing recognisable (signature.rs) unless `--force`.
+
+mod candidates;
+pub mod record;
+pub mod signature;
+
+use anyhow::{anyhow, bail, Context, Result};
+use candidates::{dir_has_files, Candidates};
+use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
+use flashpool_engine::{Assembly, OpenOptions, Pool, PoolConfig};
+use record::{recorded, resolve, MemberEntry, MemberRecord};
+use std::fs::{self, File};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The shape of a pool created on first use.
+#[derive(Clone, Debug)]
+pub struct PoolShape {
+    pub drives: usize,
+    pub k: usize,
+    pub m: usize,
+    pub drive_size: u64,
+    /// Memory drives (for benchmarks): nothing is kept after exit.
+    pub memory: bool,
+    /// Leave new drive files sparse instead of allocating them.
+    pub sparse: bool,
+}
+
+impl Default for PoolShape {
+    fn default() -> Self {
+        PoolShape {
+            drives: 5,
+            k: 4,
+            m: 1,
+            drive_size: 1 << 30,
+            memory: false,
+            sparse: false,
+        }
+    }
+}
+
+/// What to open, and what to do when there is nothing to open.
+#[derive(Clone, Debug, Default)]
+pub struct OpenRequest {
+    /// The shape of a new pool.
+    pub shape: PoolShape,
+    /// Size of the `default` volume of a new pool.
+    pub default_volume: u64,
+    /// Devices or files given on the command line: a new pool's drives, or more places to
+    /// look for the members of an existing one.
+    pub drives: Vec<PathBuf>,
+    /// Paths or globs to search for members that moved (kept in the record).
+    pub search: Vec<String>,
+    /// Create over drives that hold a filesystem, a partition table or another pool.
+    pub force: bool,
+    /// Create a pool when the data dir holds none.
+    pub create: bool,
+    /// Open without writing anything to the drives or the data dir.
+    pub read_only: bool,
+}
+
+/// An open pool and the lock that keeps other processes out of its data dir.
+pub struct DataDir {
+    pub pool: Pool,
+    pub dir: PathBuf,
+    pub created: bool,
+    _lock: Option<File>,
+}
+
+/// The default drive file `i` of a data dir.
+pub fn drive_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join("drives").join(format!("drive-{i}.img"))
+}
+
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join("flashpool.lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a valid, owned file descriptor.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        bail!(
+            "{} is in use by another flashpool process (a running server?)",
+            dir.display()
+        );
+    }
+    Ok(f)
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Pool settings for drives of `drive_size` bytes: segments small enough that a small pool
+/// still has a few dozen of them.
+pub fn pool_config(k: usize, m: usize, drive_size: u64) -> PoolConfig {
+    let mut segment_size: u64 = 32 << 20;
+    while segment_size > (1 << 20) && drive_size / segment_size < 32 {
+        segment_size /= 2;
+    }
+    let chunk_size = if segment_size >= (8 << 20) {
+        128 << 10
+    } else {
+        32 << 10
+    };
+    PoolConfig {
+        k,
+        m,
+        chunk_size,
+        segment_size,
+        ..PoolConfig::default()
+    }
+}
+
+/// True when the data dir holds a pool (or what is left of one): a member record or any file
+/// in its drives dir.
+pub fn holds_pool(dir: &Path) -> bool {
+    dir.join(record::RECORD_FILE).exists() || dir_has_files(&dir.join("drives"))
+}
+
+/// Opens the pool in `dir` (creating it when asked and the dir holds none).
+pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
+    if req.shape.memory {
+        return open_memory(dir, req);
+    }
+    if !holds_pool(dir) && !req.create {
+        bail!(
+            "{} holds no pool (run `flashpool serve --data {}` to create one)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    if req.create {
+        fs::create_dir_all(dir.join("drives"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let lock = lock(dir)?;
+    if !holds_pool(dir) {
+        return create(dir, req, lock);
+    }
+    let record = match MemberRecord::load(dir) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("{e:#}; looking for the members without it");
+            None
+        }
+    };
+    let mut c = Candidates::default();
+    if let Some(r) = &record {
+        for m in &r.members {
+            c.add(&resolve(dir, &m.path), true);
+        }
+    }
+    c.add_dir(&dir.join("drives"))?;
+    for p in &req.drives {
+        c.add(p, true);
+    }
+    let mut search: Vec<String> = record
+        .as_ref()
+        .map(|r| r.search.clone())
+        .unwrap_or_default();
+    for s in &req.search {
+        if !search.contains(s) {
+            search.push(s.clone());
+        }
+    }
+    for s in &search {
+        c.add_search(s);
+    }
+    let expect = record.as_ref().and_then(|r| r.pool_uuid().ok());
+    let drives = std::mem::take(&mut c.drives);
+    let a = Pool::assemble(drives, expect).map_err(|e| {
+        anyhow!(
+            "refusing to open the pool in {}: {e}{}; nothing was created or written",
+            dir.display(),
+            record
+                .as_ref()
+                .map(|r| explain_record(dir, r, &c))
+                .unwrap_or_default()
+        )
+    })?;
+    let report = report(dir, record.as_ref(), &a, &c);
+    if let Err(e) = a.check() {
+        let _ = e;
+        bail!(
+            "refusing to open the pool in {}: {} of {} members missing or failed, parity covers {}; nothing was written\n{}",
+            dir.display(),
+            a.down().len(),
+            a.slots.len(),
+            a.parity(),
+            report.join("\n")
+        );
+    }
+    for line in &report {
+        if !line.starts_with("  present") {
+            tracing::warn!("{}", line.trim());
+        }
+    }
+    let opts = OpenOptions {
+        pool_uuid: expect,
+        read_only: req.read_only,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open_assembly(a, &opts)
+        .with_context(|| format!("opening the pool in {}", dir.display()))?;
+    if !req.read_only {
+        save_record(dir, &pool, record.as_ref(), &search)?;
+    }
+    Ok(DataDir {
+        pool,
+        dir: dir.to_owned(),
+        created: false,
+        _lock: Some(lock),
+    })
+}
+
+/// One line per member and per drive set aside: where each member is, or where it was last
+/// seen and what is there now.
+fn report(dir: &Path, record: Option<&MemberRecord>, a: &Assembly, c: &Candidates) -> Vec<String> {
+    let mut lines = Vec::new();
+    for m in a.members() {
+        let uuid = flashpool_engine::assembly::uuid_text(&m.uuid);
+        if let Some(at) = &m.identity {
+            lines.push(format!(
+                "  present: member {} ({uuid}) {} at {at}",
+                m.index,
+                m.state_name()
+            ));
+            continue;
+        }
+        if m.state_name() == "retired" {
+            continue;
+        }
+        let seen = record.and_then(|r| r.last_seen(dir, &uuid));
+        let why = seen.as_ref().map_or_else(
+            || "never recorded by this data dir".to_string(),
+            |p| {
+                let what = c
+                    .why_unopened(p)
+                    .map(str::to_string)
+                    .or_else(|| {
+                        a.ignored
+                            .iter()
+                            .find(|i| Path::new(&i.identity) == p)
+                            .map(|i| i.reason.clone())
+                    })
+                    .unwrap_or_else(|| "something else is there now".into());
+                format!("last seen at {}: {what}", p.display())
+            },
+        );
+        lines.push(format!("  missing: member {} ({uuid}), {why}", m.index));
+    }
+    for i in &a.ignored {
+        lines.push(format!("  not a member: {}: {}", i.identity, i.reason));
+    }
+    lines
+}
+
+/// Where the record says the members were, for an error when none of them was found.
+fn explain_record(dir: &Path, r: &MemberRecord, c: &Candidates) -> String {
+    let mut s = format!(
+        "; {} records pool {} with members",
+        record::RECORD_FILE,
+        r.pool
+    );
+    for m in &r.members {
+        let p = resolve(dir, &m.path);
+        s.push_str(&format!(
+            " {} at {} ({})",
+            m.index,
+            p.display(),
+            c.why_unopened(&p)
+                .unwrap_or("present, not this pool's member")
+        ));
+    }
+    s
+}
+
+/// Writes the member record: every present member's path now, a missing member's last path.
+fn save_record(
+    dir: &Path,
+    pool: &Pool,
+    old: Option<&MemberRecord>,
+    search: &[String],
+) -> Result<()> {
+    let mut r = MemberRecord::new(&pool.uuid());
+    r.search = search.to_vec();
+    for d in pool.drives() {
+        let path = if d.identity != "-" {
+            recorded(dir, Path::new(&d.identity))
+        } else {
+            match old.and_then(|o| o.members.iter().find(|m| m.uuid == d.uuid)) {
+                Some(m) => m.path.clone(),
+                None => continue,
+            }
+        };
+        r.members.push(MemberEntry {
+            index: d.index,
+            uuid: d.uuid,
+            path,
+        });
+    }
+    if old != Some(&r) {
+        r.save(dir)?;
+    }
+    Ok(())
+}
+
+/// Opens (or updates the record of) an open pool after a member change.
+pub fn record_members(dir: &Path, pool: &Pool) -> Result<()> {
+    let old = MemberRecord::load(dir).ok().flatten();
+    let search = old.as_ref().map(|r| r.search.clone()).unwrap_or_default();
+    save_record(dir, pool, old.as_ref(), &search)
+}
+
+fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
+    let shape = &req.shape;
+    if !req.drives.is_empty() {
+        bail!("--memory and --drive exclude each other");
+    }
+    if shape.k + shape.m > shape.drives {
+        bail!(
+            "protection {}+{} needs at least {} drives, --drives is {}",
+            shape.k,
+            shape.m,
+            shape.k + shape.m,
+            shape.drives
+        );
+    }
+    let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
+        .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))
+        .collect();
+    // Touch every page now (one thread per drive): page faults would otherwise land on the
+    // write path.
+    std::thread::scope(|s| {
+        for d in &mems {
+            s.spawn(|| d.prefault());
+        }
+    });
+    let drives: Vec<DriveRef> = mems.into_iter().map(|d| d as DriveRef).collect();
+    let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
+    pool.create_volume("default", req.default_volume)?;
+    Ok(DataDir {
+        pool,
+        dir: dir.to_owned(),
+        created: true,
+        _lock: None,
+    })
+}
+
+/// A drive for a new pool or an added member: a block device or an existing file is used
+/// whole after the signature check, a missing file is created at `size`.
+pub struct NewDrive {
+    pub path: PathBuf,
+    /// True when this call created the file (removed again if the pool is not made).
+    pub created: bool,
+    pub drive: DriveRef,
+}
+
+/// Checks and opens (or creates) one drive for a new pool or a new member.
+pub fn prepare_drive(p: &Path, size: u64, sparse: bool, force: bool) -> Result<NewDrive> {
+    match fs::metadata(p) {
+        Ok(md) => {
+            let is_dev = md.file_type().is_block_device();
+            if !is_dev && !md.is_file() {
+                bail!("{} is neither a block device nor a file", p.display());
+            }
+            if !force {
+                if let Some(what) =
+                    signature::recognise(p).with_context(|| format!("reading {}", p.display()))?
+                {
+                    bail!(
+                        "{} holds {what}: refusing to overwrite it (--force to use it anyway)",
+                        p.display()
+                    );
+                }
+            }
+            if !is_dev && md.len() == 0 {
+                let f = File::options().write(true).open(p)?;
+                f.set_len(size / 4096 * 4096)?;
+            }
+            let d = FileDrive::open(p).with_context(|| format!("opening {}", p.display()))?;
+            Ok(NewDrive {
+                path: p.to_owned(),
+                created: false,
+                drive: Arc::new(d),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = p.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if let Some(free) = free_bytes(parent) {
+                    if free < size && !sparse {
+                        bail!(
+                            "{} has {} MiB free, the drive needs {} MiB: use a smaller --drive-size",
+                            parent.display(),
+                            free >> 20,
+                            size >> 20
+                        );
+                    }
+                }
+            }
+            let (d, allocated) = FileDrive::create_new(p, size, !sparse)
+                .with_context(|| format!("creating {}", p.display()))?;
+            if !sparse && !allocated {
+                tracing::warn!(path = %p.display(), "the filesystem cannot preallocate: the drive file is sparse");
+            }
+            Ok(NewDrive {
+                path: p.to_owned(),
+                created: true,
+                drive: Arc::new(d),
+            })
+        }
+        Err(e) => Err(e).with_context(|| format!("{}", p.display())),
+    }
+}
+
+/// Removes the files this command created (a refused creation leaves things as they were).
+fn remove_created(drives: &[NewDrive]) {
+    for d in drives.iter().filter(|d| d.created) {
+        let _ = fs::remove_file(&d.path);
+    }
+}
+
+fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
+    let shape = &req.shape;
+    let paths: Vec<PathBuf> = if req.drives.is_empty() {
+        (0..shape.drives).map(|i| drive_path(dir, i)).collect()
+    } else {
+        req.drives.clone()
+    };
+    let n = paths.len();
+    if shape.k + shape.m > n {
+        bail!(
+            "protection {}+{} needs at least {} drives, {} given",
+            shape.k,
+            shape.m,
+            shape.k + shape.m,
+            n
+        );
+    }
+    if req.drives.is_empty() {
+        let total = shape.drive_size.saturating_mul(n as u64);
+        if let Some(free) = free_bytes(dir) {
+            if free < total {
+                bail!(
+                    "{} has {} MiB free, the pool's drives would take up to {} MiB: use a smaller --drive-size",
+                    dir.display(),
+                    free >> 20,
+                    total >> 20
+                );
+            }
+        }
+    }
+    let mut made: Vec<NewDrive> = Vec::new();
+    let result = (|| -> Result<Pool> {
+        for p in &paths {
+            made.push(prepare_drive(p, shape.drive_size, shape.sparse, req.force)?);
+        }
+        let drives: Vec<DriveRef> = made.iter().map(|d| d.drive.clone()).collect();
+        let size = drives.iter().map(|d| d.info().size).min().unwrap_or(0);
+        let pool = Pool::create(drives, &pool_config(shape.k, shape.m, size))?;
+        pool.create_volume("default", req.default_volume)?;
+        save_record(dir, &pool, None, &req.search)?;
+        Ok(pool)
+    })();
+    match result {
+        Ok(pool) => Ok(DataDir {
+            pool,
+            dir: dir.to_owned(),
+            created: true,
+            _lock: Some(lock),
+        }),
+        Err(e) => {
+            remove_created(&made);
+            let _ = fs::remove_file(dir.join(record::RECORD_FILE));
+            Err(e)
+        }
+    }
+}
+
+/// Opens an existing pool for a command that changes it; fails if there is none.
+pub fn open_existing(dir: &Path) -> Result<DataDir> {
+    open(dir, &OpenRequest::default())
+}
+
+/// Opens an existing pool without writing anything (status, lists).
+pub fn open_read_only(dir: &Path) -> Result<DataDir> {
+    open(
+        dir,
+        &OpenRequest {
+            read_only: true,
+            ..OpenRequest::default()
+        },
+    )
+}
+
+/// The path of the next default drive file: the first `drive-N.img` not taken.
+fn next_drive_path(dir: &Path) -> PathBuf {
+    (0..)
+        .map(|i| drive_path(dir, i))
+        .find(|p| !p.exists())
+        .expect("some drive number is free")
+}
+
+/// Adds a drive to a pool (open here, or held by this process's server): `path` (a block
+/// device or file, created at the pool's drive size if missing) or the next default drive
+/// file. Returns the path.
+pub fn add_drive(dir: &Path, pool: &Pool, path: Option<&Path>, force: bool) -> Result<PathBuf> {
+    let path = path.map_or_else(|| next_drive_path(dir), Path::to_owned);
+    let nd = prepare_drive(&path, pool.info().drive_size, false, force)?;
+    if let Err(e) = pool.add_drive_online(nd.drive.clone()) {
+        remove_created(std::slice::from_ref(&nd));
+        return Err(e.into());
+    }
+    record_members(dir, pool)?;
+    Ok(path)
+}
+
+/// Replaces member `old` by `path` (created at the pool's drive size if missing) and rebuilds
+/// what depended on `old` onto the pool.
+pub fn replace_drive(
+    dir: &Path,
+    pool: &Pool,
+    old: usize,
+    path: &Path,
+    force: bool,
+) -> Result<flashpool_engine::RebuildStatus> {
+    let count = pool.info().drive_count;
+    if old >= count {
+        bail!("no member {old} (the pool has {count})");
+    }
+    let nd = prepare_drive(path, pool.info().drive_size, false, force)?;
+    let st = match pool.replace_drive(old, nd.drive.clone()) {
+        Ok(st) => st,
+        Err(e) => {
+            if !pool.drives().iter().any(|d| Path::new(&d.identity) == path) {
+                remove_created(std::slice::from_ref(&nd));
+            }
+            record_members(dir, pool)?;
+            return Err(e.into());
+        }
+    };
+    record_members(dir, pool)?;
+    Ok(st)
+}
