@@ -376,7 +376,10 @@ impl Server {
                         Ok(None) => {}
                         Ok(Some((t, peer))) => {
                             let timeout = self.shared.config.handshake_timeout;
-                            let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+                            // Zero, or too long to represent: no deadline.
+                            let deadline = (!timeout.is_zero())
+                                .then(|| Instant::now().checked_add(timeout))
+                                .flatten();
                             let id = register(&self.shared, &t, peer, deadline);
                             if let Err(e) = spawn_connection(&self.shared, id, t) {
                                 tracing::warn!("cannot serve connection: {e}");

@@ -213,3 +213,19 @@ fn unix_socket_peers_are_limited_by_user() {
     );
     served_within(&srv, "127.0.0.1", Duration::ZERO, 9).expect("TCP client refused");
 }
+
+/// No handshake deadline (zero) and one too far to represent are both "no timeout": the
+/// accept loop must not trip over them.
+#[test]
+fn handshake_timeout_zero_or_huge_means_none() {
+    for t in [Duration::ZERO, Duration::MAX] {
+        let srv = TestServer::start_with(Config {
+            handshake_timeout: t,
+            ..Config::default()
+        });
+        let mut idle = srv.raw();
+        assert!(idle.greeted());
+        served_within(&srv, "127.0.0.2", Duration::ZERO, 10).expect("served");
+        served_within(&srv, "127.0.0.1", Duration::ZERO, 11).expect("served");
+    }
+}
