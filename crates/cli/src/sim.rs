@@ -23,7 +23,7 @@ pub struct SimArgs {
 enum SimCommand {
     /// Simulate a config file or a preset and print the report.
     Run(RunArgs),
-    /// Replay a trace (CSV or blkparse text) on a config's device.
+    /// Replay a trace (CSV, MSR Cambridge, blkparse text, fio iolog) on a config's device.
     Replay(ReplayArgs),
     /// Run a named experiment; writes NAME.csv and NAME.svg into --out.
     Experiment(ExperimentArgs),
@@ -62,8 +62,52 @@ struct RunArgs {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TraceFormat {
+    /// Guess from the content (fio header, blkparse event, MSR record, else CSV).
+    Auto,
+    /// `timestamp_us,op,offset,length`.
     Csv,
+    /// SNIA IOTTA MSR Cambridge CSV.
+    Msr,
+    /// blkparse default text output.
     Blkparse,
+    /// fio iolog v2 or v3.
+    Fio,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RangeArg {
+    /// A request past the end of the logical space is an error.
+    Error,
+    /// Offsets wrap around the logical capacity.
+    Wrap,
+    /// Offsets are scaled so the trace's highest address meets the capacity.
+    Scale,
+}
+
+impl RangeArg {
+    fn mode(self) -> trace::RangeMode {
+        match self {
+            RangeArg::Error => trace::RangeMode::Error,
+            RangeArg::Wrap => trace::RangeMode::Wrap,
+            RangeArg::Scale => trace::RangeMode::Scale,
+        }
+    }
+}
+
+/// Reads and parses a trace file.
+fn read_trace(path: &Path, format: TraceFormat) -> Result<trace::Trace> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let fmt = match format {
+        TraceFormat::Auto => trace::detect(&text),
+        TraceFormat::Csv => trace::TraceFormat::Csv,
+        TraceFormat::Msr => trace::TraceFormat::Msr,
+        TraceFormat::Blkparse => trace::TraceFormat::Blkparse,
+        TraceFormat::Fio => trace::TraceFormat::Fio,
+    };
+    fmt.parse(&text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("in {} (read as {})", path.display(), fmt.name()))
 }
 
 #[derive(Args)]
@@ -74,8 +118,11 @@ struct ReplayArgs {
     #[arg(long)]
     trace: PathBuf,
     /// Trace format.
-    #[arg(long, value_enum, default_value = "csv")]
+    #[arg(long, value_enum, default_value = "auto")]
     format: TraceFormat,
+    /// Requests past the end of the logical space: error, wrap or scale.
+    #[arg(long, value_enum, default_value = "error")]
+    range: RangeArg,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -83,7 +130,7 @@ struct ReplayArgs {
 
 #[derive(Args)]
 struct ExperimentArgs {
-    /// scaling, die-bandwidth, waf-vs-op, write-cliff or suspension.
+    /// scaling, die-bandwidth, waf-vs-op, write-cliff, suspension or trace.
     name: String,
     /// Output directory.
     #[arg(long)]
@@ -91,6 +138,47 @@ struct ExperimentArgs {
     /// Smaller devices and fewer I/Os (for smoke tests).
     #[arg(long)]
     quick: bool,
+    /// `trace` only: the trace to replay (default: the built-in MSR Cambridge-format sample).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// `trace` only: the trace's format.
+    #[arg(long, value_enum, default_value = "auto")]
+    format: TraceFormat,
+    /// `trace` only: requests past a device's end (default: scale).
+    #[arg(long, value_enum, default_value = "scale")]
+    range: RangeArg,
+    /// `trace` only: a device to compare, a preset name or a CONFIG.toml (give two or more;
+    /// default: SLC and TLC timing on one small geometry).
+    #[arg(long = "device")]
+    devices: Vec<String>,
+}
+
+/// The trace experiment's input trace and devices from the command line.
+fn trace_experiment(
+    a: &ExperimentArgs,
+    log: &mut dyn FnMut(&str),
+) -> Result<experiments::ExperimentResult> {
+    use flashpool_sim::trace_experiment as te;
+    let t = match &a.trace {
+        Some(p) => read_trace(p, a.format)?,
+        None => te::sample(),
+    };
+    let devices = if a.devices.is_empty() {
+        te::default_devices()
+    } else {
+        let mut v = Vec::new();
+        for d in &a.devices {
+            let cfg = if Path::new(d).is_file() {
+                let text = std::fs::read_to_string(d).with_context(|| format!("reading {d}"))?;
+                SimConfig::from_toml(&text).with_context(|| format!("in {d}"))?
+            } else {
+                presets::preset(d)?
+            };
+            v.push((d.clone(), cfg));
+        }
+        v
+    };
+    Ok(te::run(&t, &devices, a.range.mode(), log)?)
 }
 
 #[derive(Args)]
@@ -183,17 +271,21 @@ fn cmd_run(a: RunArgs) -> Result<()> {
 
 fn cmd_replay(a: ReplayArgs) -> Result<()> {
     let cfg = load(&a.device)?;
-    let text = std::fs::read_to_string(&a.trace)
-        .with_context(|| format!("reading {}", a.trace.display()))?;
-    let raw = match a.format {
-        TraceFormat::Csv => trace::parse_csv(&text),
-        TraceFormat::Blkparse => trace::parse_blkparse(&text),
-    }
+    let t = read_trace(&a.trace, a.format)?;
+    let records = trace::resolve(
+        &t,
+        cfg.geometry.page_size,
+        cfg.logical_pages(),
+        a.range.mode(),
+    )
     .map_err(anyhow::Error::msg)
     .with_context(|| format!("in {}", a.trace.display()))?;
-    let recs = trace::resolve(&raw, cfg.geometry.page_size, cfg.logical_pages());
     let mut p = progress_printer();
-    let r = flashpool_sim::run_trace(&cfg, recs, &mut p)?;
+    let replay = flashpool_sim::Replay {
+        records,
+        timed: t.timed,
+    };
+    let r = flashpool_sim::run_replay(&cfg, replay, &mut p)?;
     print_report(&r, a.json)
 }
 
@@ -293,7 +385,11 @@ fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
             eprintln!("  {msg}");
         }
     };
-    let res = experiments::run(exp, a.quick, &mut log)?;
+    let res = if exp == Experiment::Trace {
+        trace_experiment(&a, &mut log)?
+    } else {
+        experiments::run(exp, a.quick, &mut log)?
+    };
     let csv = a.out.join(format!("{}.csv", a.name));
     std::fs::write(&csv, res.csv()).with_context(|| format!("writing {}", csv.display()))?;
     let svg = a.out.join(format!("{}.svg", a.name));

@@ -156,3 +156,84 @@ fn quick_experiment_writes_csv_and_svg() {
     let svg = std::fs::read_to_string(out.join("scaling.svg")).unwrap();
     assert!(svg.contains("<svg"));
 }
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../sim/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn replay_msr_trace_out_of_range_is_an_error_unless_scaled() {
+    let msr = fixture("msr_hm_0_sample.csv");
+    let out = bin()
+        .args(["sim", "replay", "--preset", "small", "--trace", &msr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trace line 1") && err.contains("--range"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let v = run_json(&[
+        "sim", "replay", "--preset", "small", "--trace", &msr, "--range", "scale", "--json",
+    ]);
+    assert_eq!(v["host_ios"], 3000);
+    // A bad line names its number.
+    let bad = tmp("bad_msr.csv");
+    std::fs::write(
+        &bad,
+        "128166372003061629,hm,1,Read,0,4096,41286\n128166372003061630,hm,1,Flush,0,4096,1\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args([
+            "sim", "replay", "--preset", "small", "--format", "msr", "--trace",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trace line 2"), "{err}");
+}
+
+#[test]
+fn replay_fio_iolog() {
+    for name in ["fio_v3_sample.log", "fio_v2_sample.log"] {
+        let v = run_json(&[
+            "sim",
+            "replay",
+            "--preset",
+            "small",
+            "--trace",
+            &fixture(name),
+            "--json",
+        ]);
+        assert_eq!(v["host_ios"], 200, "{name}");
+    }
+}
+
+#[test]
+fn trace_experiment_compares_two_devices() {
+    let out = tmp("exp-trace");
+    let o = bin()
+        .args(["sim", "experiment", "trace", "--quick", "--out"])
+        .arg(&out)
+        .args(["--trace", &fixture("fio_v3_sample.log")])
+        .args(["--device", "small", "--device", "small", "--range", "error"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(out.join("trace.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv}");
+    // The same device twice gives the same row (deterministic).
+    assert_eq!(lines[1], lines[2]);
+    assert!(std::fs::read_to_string(out.join("trace.svg"))
+        .unwrap()
+        .contains("<svg"));
+}

@@ -31,6 +31,9 @@ pub enum Source {
     Jobs(JobGen),
     /// Open loop: trace records issued at their timestamps.
     Trace(Vec<TraceRecord>),
+    /// Closed loop: trace records issued in order, `numjobs` x `iodepth` outstanding (traces
+    /// without times, such as fio iolog v2).
+    TraceClosed(Vec<TraceRecord>),
 }
 
 /// Progress callback: (completed host I/Os, expected total).
@@ -93,7 +96,7 @@ impl Engine {
                     u64::MAX
                 }
             }
-            Source::Trace(r) => r.len() as u64,
+            Source::Trace(r) | Source::TraceClosed(r) => r.len() as u64,
         };
         let expected = if ios_limit == u64::MAX {
             100_000
@@ -158,7 +161,7 @@ impl Engine {
     pub fn run(&mut self, progress: Progress<'_>) {
         let total = self.ios_limit;
         match &self.source {
-            Source::Jobs(_) => {
+            Source::Jobs(_) | Source::TraceClosed(_) => {
                 for job in 0..self.numjobs {
                     for _ in 0..self.iodepth {
                         self.issue_next(job);
@@ -260,6 +263,17 @@ impl Engine {
         }
         let io = match &mut self.source {
             Source::Jobs(g) => g.next(job),
+            Source::TraceClosed(recs) => {
+                let Some(r) = recs.get(self.trace_next) else {
+                    return;
+                };
+                self.trace_next += 1;
+                HostIo {
+                    op: r.op,
+                    lpa: r.lpa,
+                    pages: r.pages,
+                }
+            }
             Source::Trace(_) => return,
         };
         self.submit(io, job);
@@ -690,7 +704,7 @@ impl Engine {
             self.sample_countdown = self.sample_every;
             self.sample();
         }
-        if let Source::Jobs(_) = self.source {
+        if !matches!(self.source, Source::Trace(_)) {
             self.issue_next(s.job);
         }
     }

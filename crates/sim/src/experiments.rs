@@ -8,6 +8,7 @@
 //! - `waf-vs-op`: steady-state WAF of uniform random writes against OP, per GC policy.
 //! - `write-cliff`: MB/s over time of continuous random writes at several user fill levels.
 //! - `suspension`: read latency of database-like mixes with and without suspension.
+//! - `trace`: a trace replayed on two devices, latency CDFs (see [`crate::trace_experiment`]).
 
 use crate::config::{
     GcPolicy, GeometryConfig, Precondition, Rw, SimConfig, Size, Suspension, TimingConfig,
@@ -25,15 +26,17 @@ pub enum Experiment {
     WafVsOp,
     WriteCliff,
     Suspension,
+    Trace,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 5] = [
+    pub const ALL: [Experiment; 6] = [
         Experiment::Scaling,
         Experiment::DieBandwidth,
         Experiment::WafVsOp,
         Experiment::WriteCliff,
         Experiment::Suspension,
+        Experiment::Trace,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +46,7 @@ impl Experiment {
             Experiment::WafVsOp => "waf-vs-op",
             Experiment::WriteCliff => "write-cliff",
             Experiment::Suspension => "suspension",
+            Experiment::Trace => "trace",
         }
     }
 
@@ -167,6 +171,12 @@ pub fn run(
         Experiment::WafVsOp => waf_vs_op(quick, log),
         Experiment::WriteCliff => write_cliff(quick, log),
         Experiment::Suspension => suspension(quick, log),
+        Experiment::Trace => crate::trace_experiment::run(
+            &crate::trace_experiment::sample(),
+            &crate::trace_experiment::default_devices(),
+            crate::trace::RangeMode::Scale,
+            log,
+        ),
     }
 }
 

@@ -19,8 +19,9 @@ pub mod sim;
 pub mod stats;
 pub mod timing;
 pub mod trace;
+pub mod trace_experiment;
 pub mod workload;
 
 pub use config::SimConfig;
-pub use sim::{run, run_trace, run_with_progress, Prepared, SimError};
+pub use sim::{run, run_replay, run_trace, run_with_progress, Prepared, Replay, SimError};
 pub use stats::Report;

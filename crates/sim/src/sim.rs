@@ -8,6 +8,15 @@ use crate::geometry::Geometry;
 use crate::precondition::precondition;
 use crate::stats::{waf, DeviceInfo, EraseDistribution, Report};
 use crate::trace::TraceRecord;
+
+/// Resolved trace records and how to pace them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    pub records: Vec<TraceRecord>,
+    /// Open loop at the records' times (true), or closed loop at the workload's
+    /// `numjobs` x `iodepth` (traces without times).
+    pub timed: bool,
+}
 use crate::workload::JobGen;
 
 /// Why a simulation could not run.
@@ -39,12 +48,33 @@ pub fn run_trace(
     records: Vec<TraceRecord>,
     progress: Progress<'_>,
 ) -> Result<Report, SimError> {
+    run_replay(
+        cfg,
+        Replay {
+            records,
+            timed: true,
+        },
+        progress,
+    )
+}
+
+/// Replays a trace open loop (timed) or closed loop (untimed), see [`Replay`].
+pub fn run_replay(
+    cfg: &SimConfig,
+    replay: Replay,
+    progress: Progress<'_>,
+) -> Result<Report, SimError> {
     cfg.validate()?;
-    if records.is_empty() {
+    if replay.records.is_empty() {
         return Err(SimError::Trace("the trace has no requests".into()));
     }
     let (ftl, pre) = prepare(cfg);
-    Ok(finish(cfg, ftl, pre, Source::Trace(records), progress))
+    let source = if replay.timed {
+        Source::Trace(replay.records)
+    } else {
+        Source::TraceClosed(replay.records)
+    };
+    Ok(finish(cfg, ftl, pre, source, progress))
 }
 
 /// A built and preconditioned device, ready for its measured run (lets callers time the
@@ -147,6 +177,7 @@ fn report(cfg: &SimConfig, e: &Engine, pre: crate::stats::PreconditionInfo) -> R
         },
         precondition: pre,
         time_series: e.series.clone(),
+        latency_cdf: [e.lat[0].cdf(), e.lat[1].cdf()],
         failed: e.failed.clone(),
     }
 }

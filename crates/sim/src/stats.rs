@@ -57,6 +57,27 @@ impl LatencyRecorder {
         self.hist.len()
     }
 
+    /// The latency distribution as (latency us, fraction of I/Os at or below it) at 101
+    /// quantiles, denser in the tail (0, 0.01, ..., 0.9, then toward 1), clamped into the
+    /// recorded [min, max]; empty when nothing was recorded.
+    pub fn cdf(&self) -> Vec<(f64, f64)> {
+        if self.hist.is_empty() {
+            return Vec::new();
+        }
+        let mut qs: Vec<f64> = (0..=90).map(|i| i as f64 / 100.0).collect();
+        qs.extend((1..=10).map(|k| 1.0 - 0.1 / 10f64.powf(k as f64 * 0.4)));
+        qs.push(1.0);
+        qs.iter()
+            .map(|&q| {
+                let v = self
+                    .hist
+                    .value_at_quantile(q)
+                    .clamp(self.min_ns, self.max_ns);
+                (v as f64 / 1000.0, q)
+            })
+            .collect()
+    }
+
     pub fn summary(&self) -> LatencySummary {
         let n = self.hist.len();
         if n == 0 {
@@ -203,6 +224,10 @@ pub struct Report {
     pub device: DeviceInfo,
     pub precondition: PreconditionInfo,
     pub time_series: Vec<SamplePoint>,
+    /// Read and write latency CDFs (see [`LatencyRecorder::cdf`]); for plots, not in the
+    /// JSON.
+    #[serde(skip)]
+    pub latency_cdf: [Vec<(f64, f64)>; 2],
     /// Why the run stopped early (device worn out, stalled), or null.
     pub failed: Option<String>,
 }

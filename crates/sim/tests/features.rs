@@ -100,8 +100,8 @@ fn trace_replay_and_trim() {
     let c = small(1, 2, 1);
     let text = "timestamp_us,op,offset,length\n0,W,0,8192\n10,W,8192,4096\n20,R,0,4096\n\
                 1000,T,0,8192\n1010,R,0,4096\n2000,R,8192,4096\n";
-    let raw = trace::parse_csv(text).unwrap();
-    let recs = trace::resolve(&raw, 4096, c.logical_pages());
+    let raw = trace::TraceFormat::Csv.parse(text).unwrap();
+    let recs = trace::resolve(&raw, 4096, c.logical_pages(), trace::RangeMode::Error).unwrap();
     let r = flashpool_sim::run_trace(&c, recs, &mut |_, _| {}).unwrap();
     assert_eq!(r.host_ios, 6);
     assert_eq!((r.read_ios, r.write_ios, r.trim_ios), (3, 2, 1));
@@ -116,8 +116,8 @@ fn blkparse_replay() {
     let c = small(1, 2, 1);
     let text = "  8,0    0        1     0.000000000   697  Q   W 0 + 64 [fio]\n\
                   8,0    0        2     0.000100000   697  Q   R 0 + 8 [fio]\n";
-    let raw = trace::parse_blkparse(text).unwrap();
-    let recs = trace::resolve(&raw, 4096, c.logical_pages());
+    let raw = trace::TraceFormat::Blkparse.parse(text).unwrap();
+    let recs = trace::resolve(&raw, 4096, c.logical_pages(), trace::RangeMode::Error).unwrap();
     let r = flashpool_sim::run_trace(&c, recs, &mut |_, _| {}).unwrap();
     assert_eq!(r.host_pages_written, 8);
     assert_eq!(r.read_ios, 1);

@@ -1,0 +1,218 @@
+//! Trace import: text in, requests out (the caller reads the file). One parser per format
+//! ([`csv`], [`msr`], [`blkparse`], [`fio`]), [`detect`] to guess the format, and
+//! [`resolve`] to turn byte requests into logical pages, with a clear error (or an explicit
+//! wrap or scale) for requests past the end of the logical space.
+//!
+//! Every parser reports a bad line as `trace line N: what: "text"` and never panics.
+
+pub mod blkparse;
+pub mod csv;
+pub mod fio;
+pub mod msr;
+
+use crate::workload::IoOp;
+
+pub use blkparse::parse_blkparse;
+pub use csv::parse_csv;
+pub use fio::parse_fio;
+pub use msr::parse_msr;
+
+/// A parsed request in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRequest {
+    /// Arrival time in ns from any origin (0 for untimed traces).
+    pub time_ns: u64,
+    pub op: IoOp,
+    pub offset: u64,
+    pub length: u64,
+    /// 1-based line of the trace file (for errors).
+    pub line: u32,
+}
+
+/// A parsed trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub requests: Vec<RawRequest>,
+    /// Whether requests carry arrival times (open-loop replay). Untimed traces (fio iolog
+    /// v2) are replayed closed loop at the workload's `iodepth` x `numjobs`, as fio does.
+    pub timed: bool,
+}
+
+/// A request resolved to logical pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub time_ns: u64,
+    pub op: IoOp,
+    pub lpa: u32,
+    pub pages: u32,
+}
+
+/// Trace file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// Our CSV: `timestamp_us,op,offset,length`.
+    Csv,
+    /// SNIA IOTTA MSR Cambridge CSV.
+    Msr,
+    /// blkparse default text output.
+    Blkparse,
+    /// fio iolog version 2 or 3.
+    Fio,
+}
+
+impl TraceFormat {
+    pub const ALL: [TraceFormat; 4] = [
+        TraceFormat::Csv,
+        TraceFormat::Msr,
+        TraceFormat::Blkparse,
+        TraceFormat::Fio,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceFormat::Csv => "csv",
+            TraceFormat::Msr => "msr",
+            TraceFormat::Blkparse => "blkparse",
+            TraceFormat::Fio => "fio",
+        }
+    }
+
+    /// Parses `text` in this format.
+    pub fn parse(self, text: &str) -> Result<Trace, String> {
+        let timed = |requests| Trace {
+            requests,
+            timed: true,
+        };
+        match self {
+            TraceFormat::Csv => parse_csv(text).map(timed),
+            TraceFormat::Msr => parse_msr(text).map(timed),
+            TraceFormat::Blkparse => parse_blkparse(text).map(timed),
+            TraceFormat::Fio => parse_fio(text),
+        }
+    }
+}
+
+/// Guesses the format from the first meaningful line: a `fio version` header, a blkparse
+/// event (`MAJ,MIN CPU SEQ TIME PID ACTION ...`), an MSR record (7 comma-separated fields,
+/// the fourth `Read` or `Write`), else our CSV.
+pub fn detect(text: &str) -> TraceFormat {
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with("fio version") {
+            return TraceFormat::Fio;
+        }
+        let ws: Vec<&str> = line.split_whitespace().collect();
+        if ws.len() >= 6 && ws[0].contains(',') && !ws[0].ends_with(',') {
+            return TraceFormat::Blkparse;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() == 7 && msr::parse_type(f[3]).is_some() {
+            return TraceFormat::Msr;
+        }
+        return TraceFormat::Csv;
+    }
+    TraceFormat::Csv
+}
+
+/// What to do with a request that reaches past the end of the logical space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeMode {
+    /// Reject the trace, naming the first such line (the default).
+    Error,
+    /// Take offsets modulo the logical capacity (a request that still crosses the end is
+    /// cut there).
+    Wrap,
+    /// Scale every offset by capacity / (highest end in the trace), keeping lengths, so
+    /// the trace's address pattern is spread over the whole device.
+    Scale,
+}
+
+impl RangeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            RangeMode::Error => "error",
+            RangeMode::Wrap => "wrap",
+            RangeMode::Scale => "scale",
+        }
+    }
+}
+
+/// Resolves byte requests to pages and makes times relative to the first request, sorted
+/// (stable). Requests past the end of `logical_pages` follow `mode`.
+pub fn resolve(
+    trace: &Trace,
+    page_size: u32,
+    logical_pages: u64,
+    mode: RangeMode,
+) -> Result<Vec<TraceRecord>, String> {
+    let page = page_size.max(1) as u64;
+    let capacity = logical_pages.saturating_mul(page);
+    if logical_pages == 0 {
+        return Err("the device has no logical pages".into());
+    }
+    let reqs = &trace.requests;
+    let t0 = reqs.iter().map(|r| r.time_ns).min().unwrap_or(0);
+    let max_end = reqs
+        .iter()
+        .map(|r| r.offset.saturating_add(r.length.max(1)))
+        .max()
+        .unwrap_or(0);
+    let mut out = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let len = r.length.max(1);
+        let end = r.offset.saturating_add(len);
+        let offset = match mode {
+            RangeMode::Error => {
+                if end > capacity {
+                    return Err(format!(
+                        "trace line {}: request at byte {} of {} bytes ends past the logical \
+                         capacity of {capacity} bytes (use --range wrap or --range scale)",
+                        r.line, r.offset, r.length
+                    ));
+                }
+                r.offset
+            }
+            RangeMode::Wrap => r.offset % capacity,
+            RangeMode::Scale if max_end > capacity => {
+                // u128: offset * capacity can exceed u64.
+                let s = r.offset as u128 * capacity as u128 / max_end as u128;
+                (s as u64).min(capacity - 1)
+            }
+            RangeMode::Scale => r.offset,
+        };
+        let first = offset / page;
+        let last = offset.saturating_add(len).div_ceil(page);
+        let pages = (last - first).clamp(1, logical_pages - first);
+        out.push(TraceRecord {
+            time_ns: r.time_ns - t0,
+            op: r.op,
+            lpa: first as u32,
+            pages: pages.min(u32::MAX as u64) as u32,
+        });
+    }
+    out.sort_by_key(|r| r.time_ns);
+    Ok(out)
+}
+
+/// The error for line `line` (1-based) of a trace.
+pub(crate) fn line_error(line: usize, what: &str, text: &str) -> String {
+    let shown: String = text.chars().take(120).collect();
+    format!("trace line {line}: {what}: {shown:?}")
+}
+
+/// Parses a non-negative decimal number of `unit`s into ns (`scale` = ns per unit),
+/// rejecting NaN, infinities and values past u64.
+pub(crate) fn parse_time(s: &str, ns_per_unit: f64) -> Option<u64> {
+    let t: f64 = s.trim().parse().ok()?;
+    let ns = t * ns_per_unit;
+    if ns.is_finite() && (0.0..1.8e19).contains(&ns) {
+        Some(ns.round() as u64)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;
