@@ -24,12 +24,14 @@ pub struct Config {
     /// `NBD_OPT_EXPORT_NAME`); a client still haggling then, idle or slow, is
     /// disconnected. Zero: no limit. Not applied to `Server::run_stdio`.
     pub handshake_timeout: Duration,
-    /// Connections in handshake at once, over all peers; further ones are
-    /// closed right after accept. Established connections do not count.
+    /// Connections in handshake at once, over all peers. At the limit, the
+    /// one longest in handshake gives way to a newcomer if it has been at it
+    /// for a quarter of `handshake_timeout`; otherwise the newcomer is closed
+    /// right after accept. Established connections do not count.
     pub max_handshakes: usize,
     /// Connections in handshake at once from one peer (one IP address over
-    /// TCP, one user id over a Unix socket); further ones are closed right
-    /// after accept, so one host cannot take every handshake slot.
+    /// TCP, one user id over a Unix socket), so one host cannot take every
+    /// handshake slot; at the limit, as for `max_handshakes` within the peer.
     pub max_handshakes_per_peer: usize,
     /// Requests read and not yet answered per connection: replies collected
     /// for one `writev` plus FLUSH/FUA requests queued for helper threads.

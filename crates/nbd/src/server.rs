@@ -6,8 +6,10 @@
 //!
 //! The doors are guarded: connections in handshake are bounded overall and per
 //! peer (IP address, or user id on a Unix socket), established ones by
-//! `max_connections`, and anything over a limit is closed right after accept,
-//! so the accept loop never waits on a client. The accept loop also keeps the
+//! `max_connections`; at a handshake limit the stalest handshake gives way to a
+//! newcomer (if it has been at it for a quarter of the timeout), and anything
+//! else over a limit is closed right after accept, so the accept loop never
+//! waits on a client. The accept loop also keeps the
 //! handshake deadline: a connection that has not entered transmission within
 //! `Config::handshake_timeout` of its accept has its socket shut down.
 
@@ -94,34 +96,50 @@ impl PeerKey {
     }
 }
 
+/// Where a registered connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Haggling: holds a handshake slot (overall and of its peer).
+    Handshake,
+    /// In transmission: holds a connection slot (`max_connections`).
+    Established,
+    /// Cut off in handshake (timed out, or evicted for a newcomer): its slot
+    /// is given back, its socket shut down, and its thread is ending.
+    Cut,
+}
+
 /// One registered connection.
 struct Entry {
     closer: Closer,
     peer: PeerKey,
-    /// Some while in handshake: when it must have entered transmission.
+    /// The peer as logs name it (address and port).
+    name: String,
+    accepted: Instant,
+    /// While in handshake: when it must have entered transmission.
     deadline: Option<Instant>,
-    /// Past the handshake (counted in `Registry::established`).
-    established: bool,
-    /// Its socket was shut down for missing the handshake deadline.
-    timed_out: bool,
+    stage: Stage,
 }
 
 /// Every connection being served, and the counts the limits look at.
 #[derive(Default)]
 struct Registry {
     conns: HashMap<u64, Entry>,
-    /// Connections past the handshake (`Config::max_connections`).
+    /// Connections in `Stage::Established` (`Config::max_connections`).
     established: usize,
-    /// Connections in handshake per peer (`Config::max_handshakes_per_peer`).
+    /// Connections in `Stage::Handshake` (`Config::max_handshakes`).
+    handshaking: usize,
+    /// Connections in `Stage::Handshake` per peer (`Config::max_handshakes_per_peer`).
     per_peer: HashMap<PeerKey, usize>,
 }
 
 impl Registry {
-    fn handshaking(&self) -> usize {
-        self.conns.len() - self.established
+    fn peer_handshakes(&self, peer: PeerKey) -> usize {
+        self.per_peer.get(&peer).copied().unwrap_or(0)
     }
 
+    /// Count a connection out of `Stage::Handshake`.
     fn leave_handshake(&mut self, peer: PeerKey) {
+        self.handshaking -= 1;
         if let Some(n) = self.per_peer.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
@@ -129,12 +147,40 @@ impl Registry {
             }
         }
     }
+
+    /// Cut connection `id` off in handshake: its slot is free at once, its socket is shut
+    /// down (which ends its thread).
+    fn cut(&mut self, id: u64) {
+        let Some(e) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if e.stage != Stage::Handshake {
+            return;
+        }
+        e.stage = Stage::Cut;
+        e.deadline = None;
+        (e.closer)(Shutdown::Both);
+        let peer = e.peer;
+        self.leave_handshake(peer);
+    }
+
+    /// The connection longest in handshake (of `peer`, or of anyone) if it was accepted
+    /// before `before`.
+    fn stalest(&self, peer: Option<PeerKey>, before: Instant) -> Option<u64> {
+        self.conns
+            .iter()
+            .filter(|(_, e)| e.stage == Stage::Handshake && e.accepted <= before)
+            .filter(|(_, e)| peer.is_none_or(|p| e.peer == p))
+            .min_by_key(|(_, e)| e.accepted)
+            .map(|(&id, _)| id)
+    }
 }
 
 /// Counts refused connections so a flood costs a log line now and then, not one each.
 struct RefusalLog {
     last: Option<Instant>,
     suppressed: u64,
+    evicted: u64,
 }
 
 /// At most one refusal line per this long.
@@ -222,6 +268,7 @@ impl Server {
                 refusals: Mutex::new(RefusalLog {
                     last: None,
                     suppressed: 0,
+                    evicted: 0,
                 }),
                 changed: Condvar::new(),
                 next_id: AtomicU64::new(0),
@@ -401,36 +448,75 @@ impl Server {
     }
 
     /// Whether a connection just accepted from `peer` may start a handshake:
-    /// not while shutting down, nor while established connections, handshakes
-    /// overall or this peer's handshakes are at their limit.
+    /// not while shutting down or while every connection slot is taken. When
+    /// the handshake slots of its peer, or all of them, are taken, the
+    /// connection longest in handshake there gives way if it has been at it
+    /// for a quarter of the handshake timeout (an honest client needs a few
+    /// round trips); if none has, the newcomer is refused.
     fn admit(&self, peer: PeerKey) -> bool {
         let c = &self.shared.config;
-        let reg = lock(&self.shared.conns);
-        let refused = if self.shared.shutting_down.load(Ordering::SeqCst) {
-            return false;
-        } else if reg.established >= c.max_connections {
-            "connection limit (max_connections) reached"
-        } else if reg.handshaking() >= c.max_handshakes {
-            "limit of connections in handshake (max_handshakes) reached"
-        } else if reg.per_peer.get(&peer).copied().unwrap_or(0) >= c.max_handshakes_per_peer {
-            "limit of connections in handshake from one peer (max_handshakes_per_peer) reached"
+        let now = Instant::now();
+        let quarter = if c.handshake_timeout.is_zero() {
+            crate::config::DEFAULT_HANDSHAKE_TIMEOUT / 4
         } else {
-            return true;
+            c.handshake_timeout / 4
+        };
+        let stale = now.checked_sub(quarter);
+        let mut reg = lock(&self.shared.conns);
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut evicted = 0;
+        let refused = loop {
+            let scope = if reg.established >= c.max_connections {
+                break Some("connection limit (max_connections) reached");
+            } else if reg.peer_handshakes(peer) >= c.max_handshakes_per_peer {
+                Some(peer)
+            } else if reg.handshaking >= c.max_handshakes {
+                None
+            } else {
+                break None;
+            };
+            match stale.and_then(|before| reg.stalest(scope, before)) {
+                Some(id) => {
+                    tracing::debug!(
+                        "{}: evicted from its handshake for a newcomer from {peer:?}",
+                        reg.conns[&id].name
+                    );
+                    reg.cut(id);
+                    evicted += 1;
+                }
+                _ if scope.is_some() => {
+                    break Some(
+                        "limit of connections in handshake from one peer (max_handshakes_per_peer) reached",
+                    )
+                }
+                _ => break Some("limit of connections in handshake (max_handshakes) reached"),
+            }
         };
         drop(reg);
-        let mut log = lock(&self.shared.refusals);
-        let now = Instant::now();
-        if log
-            .last
-            .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_EVERY)
-        {
-            let more = std::mem::take(&mut log.suppressed);
-            tracing::warn!("{refused}: closing a connection from {peer:?} ({more} more refused since the last such line)");
-            log.last = Some(now);
-        } else {
-            log.suppressed += 1;
+        if refused.is_none() && evicted == 0 {
+            return true;
         }
-        false
+        let mut log = lock(&self.shared.refusals);
+        log.evicted += evicted;
+        if let Some(why) = refused {
+            if log
+                .last
+                .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_EVERY)
+            {
+                let more = std::mem::take(&mut log.suppressed);
+                let evicted = std::mem::take(&mut log.evicted);
+                tracing::warn!(
+                    "{why}: closing a connection from {peer:?} ({more} more refused and \
+                     {evicted} stale handshakes evicted since the last such line)"
+                );
+                log.last = Some(now);
+            } else {
+                log.suppressed += 1;
+            }
+        }
+        refused.is_none()
     }
 
     /// Shut down the sockets of connections past their handshake deadline;
@@ -439,21 +525,24 @@ impl Server {
         let now = Instant::now();
         let mut reg = lock(&self.shared.conns);
         let mut next: Option<Instant> = None;
-        for e in reg.conns.values_mut() {
-            let Some(d) = e.deadline.filter(|_| !e.timed_out) else {
+        let mut expired = Vec::new();
+        for (&id, e) in &reg.conns {
+            let Some(d) = e.deadline.filter(|_| e.stage == Stage::Handshake) else {
                 continue;
             };
             if d <= now {
                 tracing::info!(
-                    "{:?}: no export chosen within the handshake timeout ({:?}), disconnecting",
-                    e.peer,
+                    "{}: no export chosen within the handshake timeout ({:?}), disconnecting",
+                    e.name,
                     self.shared.config.handshake_timeout
                 );
-                e.timed_out = true;
-                (e.closer)(Shutdown::Both);
+                expired.push(id);
             } else {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
+        }
+        for id in expired {
+            reg.cut(id);
         }
         match next {
             // Round up so a wake-up never comes before the deadline.
@@ -521,15 +610,17 @@ fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
 fn register(shared: &Shared, t: &Transport, peer: PeerKey, deadline: Option<Instant>) -> u64 {
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let mut reg = lock(&shared.conns);
+    reg.handshaking += 1;
     *reg.per_peer.entry(peer).or_insert(0) += 1;
     reg.conns.insert(
         id,
         Entry {
             closer: Arc::clone(&t.closer),
             peer,
+            name: t.peer.clone(),
+            accepted: Instant::now(),
             deadline,
-            established: false,
-            timed_out: false,
+            stage: Stage::Handshake,
         },
     );
     id
@@ -539,10 +630,10 @@ fn register(shared: &Shared, t: &Transport, peer: PeerKey, deadline: Option<Inst
 fn unregister(shared: &Shared, id: u64) {
     let mut reg = lock(&shared.conns);
     if let Some(e) = reg.conns.remove(&id) {
-        if e.established {
-            reg.established -= 1;
-        } else {
-            reg.leave_handshake(e.peer);
+        match e.stage {
+            Stage::Handshake => reg.leave_handshake(e.peer),
+            Stage::Established => reg.established -= 1,
+            Stage::Cut => {}
         }
     }
     drop(reg);
@@ -550,24 +641,24 @@ fn unregister(shared: &Shared, id: u64) {
 }
 
 /// Move connection `id` from handshake to transmission if a connection slot is
-/// free and its deadline has not struck.
+/// free and it has not been cut off (timed out or evicted).
 fn establish(shared: &Shared, id: u64) -> bool {
     let mut reg = lock(&shared.conns);
     let full = reg.established >= shared.config.max_connections;
     let Some(e) = reg.conns.get_mut(&id) else {
         return false;
     };
-    if e.established {
-        return true;
+    match e.stage {
+        Stage::Established => return true,
+        Stage::Cut => return false,
+        Stage::Handshake if full || shared.shutting_down.load(Ordering::SeqCst) => return false,
+        Stage::Handshake => {}
     }
-    if full || e.timed_out || shared.shutting_down.load(Ordering::SeqCst) {
-        return false;
-    }
-    e.established = true;
+    e.stage = Stage::Established;
     e.deadline = None;
     let peer = e.peer;
-    reg.established += 1;
     reg.leave_handshake(peer);
+    reg.established += 1;
     true
 }
 
