@@ -24,6 +24,11 @@ impl Budget {
         }
     }
 
+    /// The most bytes ever held at once.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     fn try_take(&self, n: u64) -> bool {
         let mut cur = self.used.load(Ordering::SeqCst);
         loop {

@@ -326,7 +326,8 @@ fn is_slow(req: &Request) -> bool {
 /// Budget bytes a reply to an inline request holds until written.
 fn reply_charge(req: &Request) -> u64 {
     if req.kind == CMD_READ && req.len <= MAX_PAYLOAD as u64 {
-        req.len.max(SMALL_REPLY_CHARGE)
+        // The data and room for its chunk header(s).
+        req.len + SMALL_REPLY_CHARGE
     } else {
         SMALL_REPLY_CHARGE
     }
@@ -398,7 +399,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         } else {
                             self.error(&req, EOVERFLOW, "write larger than 64 MiB")
                         };
-                        batch.push((reply, held));
+                        self.push_reply(batch, reply, held);
                     }
                     // From here on a WRITE's length is at most MAX_PAYLOAD.
                     CMD_WRITE if avail.len() >= hl + req.len as usize => {
@@ -415,7 +416,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                             let payload = &inb_ref.avail()[hl..hl + len];
                             let reply = self.execute(&req, payload);
                             inb.consume(hl + len);
-                            batch.push((reply, held));
+                            self.push_reply(batch, reply, held);
                         }
                     }
                     CMD_WRITE if hl + req.len as usize <= inb.buf.len() => break, // read the rest
@@ -452,7 +453,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         } else {
                             let held = self.take_budget(reply_charge(&req), batch);
                             let reply = self.execute(&req, &[]);
-                            batch.push((reply, held));
+                            self.push_reply(batch, reply, held);
                         }
                     }
                 }
@@ -507,6 +508,20 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 ));
             }
         }
+    }
+
+    /// Queue an inline request's reply holding `held` budget bytes, topped up to
+    /// the reply's size when it came out larger than charged (a block status
+    /// reply of many extents, an error with a long message, a read split in
+    /// many chunks), so the budget bounds every reply that waits for the socket.
+    /// One reply never holds more than the whole budget (it could never get
+    /// more: waiting for it would deadlock).
+    fn push_reply(&self, batch: &mut Vec<Reply>, reply: Vec<u8>, mut held: u64) {
+        let want = (reply.len() as u64).min(self.budget.capacity());
+        if want > held {
+            held += self.take_budget(want - held, batch);
+        }
+        batch.push((reply, held));
     }
 
     /// Take `n` budget bytes; if that has to wait, send our own queued
