@@ -46,6 +46,7 @@ CHECKS=(
     "restart-persistence:check-restart.sh"
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
+    "members-loop-devices:check-members.sh"
     "kill9-crash:../crash/kill9.sh 4"
 )
 pass=0; fail=0; skipped=0

@@ -168,6 +168,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     stop_cleaner.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = cleaner.join();
+    if !a.memory {
+        let _ = std::fs::remove_file(crate::admin::socket_path(&dd_dir));
+    }
     pool.close().context("closing the pool")?;
     tracing::info!("pool closed cleanly");
     Ok(())

@@ -2,8 +2,9 @@
 //! the engine's assembly, which decides from the superblocks who is a member.
 //!
 //! Sources, in order: the paths the member record last saw, every file in `DIR/drives/`, the
-//! `--drive` paths given now, and the record's and the command line's search paths and globs
-//! (for members that moved, e.g. `/dev/disk/by-id/*`). The same file or device reached by two
+//! `--drive` paths given now, the record's and the command line's search paths and globs
+//! (for members that moved, e.g. `/dev/disk/by-id/*`), and, for a pool with block-device
+//! members, every block device the kernel lists. The same file or device reached by two
 //! names (a symlink, a by-id link) is opened once. Searched paths are opened only when they
 //! start with a flashpool superblock's magic, so a search over every disk of a machine leaves
 //! the others alone; the drives dir, the record and `--drive` are opened whatever they hold, so
@@ -111,6 +112,23 @@ impl Candidates {
         for p in paths.flatten() {
             if has_pool_magic(&p) {
                 self.add(&p, false);
+            }
+        }
+    }
+
+    /// Adds the block devices the kernel lists (`/proc/partitions`, as md's assembly scans)
+    /// that hold a flashpool superblock: where members that are block devices go when their
+    /// names move (`/dev/nvme3n1` today, `/dev/nvme1n1` after a reboot).
+    pub fn add_block_devices(&mut self) {
+        let Ok(text) = std::fs::read_to_string("/proc/partitions") else {
+            return;
+        };
+        for line in text.lines().skip(2) {
+            if let Some(name) = line.split_whitespace().nth(3) {
+                let p = Path::new("/dev").join(name);
+                if has_pool_magic(&p) {
+                    self.add(&p, false);
+                }
             }
         }
     }

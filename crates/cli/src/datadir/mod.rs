@@ -192,6 +192,13 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     for s in &search {
         c.add_search(s);
     }
+    let has_devices = record
+        .as_ref()
+        .is_some_and(|r| r.members.iter().any(|m| m.path.starts_with("/dev/")))
+        || req.drives.iter().any(|p| p.starts_with("/dev"));
+    if has_devices {
+        c.add_block_devices();
+    }
     let expect = record.as_ref().and_then(|r| r.pool_uuid().ok());
     let drives = std::mem::take(&mut c.drives);
     let a = Pool::assemble(drives, expect).map_err(|e| {
