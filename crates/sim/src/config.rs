@@ -159,6 +159,58 @@ pub enum GcPriority {
     Fair,
 }
 
+/// Which operations on different planes of a die may form one multi-plane operation.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Multiplane {
+    /// Any pages on different planes (permissive; the simulator's rule before issue 19).
+    Any,
+    /// The ONFI rule: the same page offset in each plane's block.
+    Page,
+    /// Same page offset and the same block index within each plane (stricter datasheets).
+    PageBlock,
+}
+
+/// Where host writes go.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Allocation {
+    /// Each write goes to the least-loaded of the next dies in stripe order that can take it,
+    /// and to the plane of that die whose write point is furthest behind.
+    Dynamic,
+    /// Static: the logical page picks channel (C), way = die in its channel (W) and plane (P),
+    /// the first letter varying fastest (MQSim's CWDP with one die per chip is `static-cwp`).
+    StaticCwp,
+    StaticCpw,
+    StaticWcp,
+    StaticWpc,
+    StaticPcw,
+    StaticPwc,
+}
+
+impl Allocation {
+    pub const ALL: [Allocation; 7] = [
+        Allocation::Dynamic,
+        Allocation::StaticCwp,
+        Allocation::StaticCpw,
+        Allocation::StaticWcp,
+        Allocation::StaticWpc,
+        Allocation::StaticPcw,
+        Allocation::StaticPwc,
+    ];
+}
+
+/// What a read of a never-written (or trimmed) page costs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnmappedRead {
+    /// A full flash read on the die and plane static allocation (`static-cwp`) gives the
+    /// page, as if mapped (MQSim allocates a page for such reads).
+    Flash,
+    /// Zeros from the controller after `cmd_overhead_us`, no flash access.
+    ZeroFill,
+}
+
 /// Flash translation layer settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -186,6 +238,12 @@ pub struct FtlConfig {
     pub endurance: u32,
     /// Factory bad blocks per die, placed by the seed.
     pub factory_bad_blocks_per_die: u32,
+    /// Multi-plane pairing rule.
+    pub multiplane: Multiplane,
+    /// Host write placement.
+    pub allocation: Allocation,
+    /// Cost of reading a page that holds no data.
+    pub unmapped_read: UnmappedRead,
 }
 
 impl Default for FtlConfig {
@@ -203,6 +261,9 @@ impl Default for FtlConfig {
             static_wl_threshold: 0,
             endurance: 0,
             factory_bad_blocks_per_die: 0,
+            multiplane: Multiplane::Page,
+            allocation: Allocation::Dynamic,
+            unmapped_read: UnmappedRead::Flash,
         }
     }
 }

@@ -4,17 +4,48 @@
 //! the channel bus model (one transfer at a time per channel, first come first served).
 //!
 //! Time is a virtual u64 nanosecond clock. Dies never overlap two operations; planes of a
-//! die share an operation (multi-plane read, program, GC copy and erase).
+//! die share an operation (multi-plane read, program, GC copy and erase) when their
+//! addresses pair under `ftl.multiplane` (ONFI: the same page offset in each plane). Host
+//! writes go to a die and plane chosen dynamically or by static placement
+//! ([`crate::placement`]).
 
-use crate::config::{GcPriority, SimConfig, Suspension};
+use crate::config::{GcPriority, Multiplane, SimConfig, Suspension, UnmappedRead};
 use crate::die::{Die, Op, OpKind, Sub};
 use crate::ftl::{Ftl, FtlCounters, NONE};
 use crate::geometry::Geometry;
 use crate::queue::{EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE, GEN_MASK};
-use crate::stats::{LatencyRecorder, SamplePoint, SuspendCounters};
+use crate::stats::{LatencyRecorder, PlaneOps, SamplePoint, SuspendCounters};
 use crate::timing::Timing;
 use crate::trace::TraceRecord;
 use crate::workload::{HostIo, IoOp, JobGen};
+
+/// How deep into a die's queue the scheduler looks for operations that pair with the
+/// oldest one (multi-plane reads under the ONFI rule, statically placed writes).
+const LOOKAHEAD: usize = 64;
+
+/// (plane within its die, block within its plane, page offset) of `lpa`'s current page, or
+/// for a never-written page of the place static allocation gives it (offset `lpa % pages
+/// per block`).
+#[inline]
+fn page_addr(ftl: &Ftl, lpa: u32) -> (u32, u32, u32) {
+    let g = &ftl.geo;
+    let ppa = ftl.lookup(lpa);
+    if ppa == NONE {
+        let plane = ftl.placement.plane_of_lpa(lpa);
+        (
+            plane % g.planes_per_die,
+            (lpa / g.pages_per_block) % g.blocks_per_plane,
+            lpa % g.pages_per_block,
+        )
+    } else {
+        let block = g.block_of(ppa);
+        (
+            g.plane_of_block(block) % g.planes_per_die,
+            block % g.blocks_per_plane,
+            ppa - block * g.pages_per_block,
+        )
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct IoSlot {
@@ -53,6 +84,8 @@ pub struct Engine {
     susp_mode: Suspension,
     max_susp: u8,
     prio: GcPriority,
+    rule: Multiplane,
+    unmapped: UnmappedRead,
     source: Source,
     trace_next: usize,
     numjobs: u32,
@@ -73,6 +106,7 @@ pub struct Engine {
     pub bytes_by_op: [u64; 3],
     pub host_pages_read: u64,
     pub suspends: SuspendCounters,
+    pub flash_ops: PlaneOps,
     pub series: Vec<SamplePoint>,
     sample_every: u64,
     sample_countdown: u64,
@@ -121,6 +155,8 @@ impl Engine {
             susp_mode: cfg.ftl.suspension,
             max_susp: cfg.ftl.max_suspends_per_op as u8,
             prio: cfg.ftl.gc_priority,
+            rule: cfg.ftl.multiplane,
+            unmapped: cfg.ftl.unmapped_read,
             source,
             trace_next: 0,
             numjobs: w.numjobs,
@@ -138,6 +174,7 @@ impl Engine {
             bytes_by_op: [0; 3],
             host_pages_read: 0,
             suspends: SuspendCounters::default(),
+            flash_ops: PlaneOps::default(),
             series: Vec::new(),
             sample_every,
             sample_countdown: sample_every,
@@ -319,20 +356,26 @@ impl Engine {
                         continue;
                     }
                     let ppa = self.ftl.lookup(lpa);
-                    if ppa != NONE {
-                        mapped += 1;
-                        let d = self.geo.die_of(ppa);
-                        self.dies[d as usize].reads.push_back(Sub { io: slot, lpa });
-                        if !self.dies[d as usize].busy {
-                            self.kick(d);
-                        } else {
-                            self.maybe_suspend(d);
-                        }
+                    let d = if ppa != NONE {
+                        self.geo.die_of(ppa)
+                    } else if self.unmapped == UnmappedRead::Flash {
+                        // Read as if mapped where static allocation would put the page.
+                        self.geo.die_of_plane(self.ftl.placement.plane_of_lpa(lpa))
+                    } else {
+                        continue;
+                    };
+                    mapped += 1;
+                    self.dies[d as usize].reads.push_back(Sub { io: slot, lpa });
+                    if !self.dies[d as usize].busy {
+                        self.kick(d);
+                    } else {
+                        self.maybe_suspend(d);
                     }
                 }
                 self.slots[slot as usize].remaining += mapped;
                 if mapped == 0 {
-                    // Deallocated data reads as zeros without touching the flash.
+                    // Deallocated data reads as zeros without touching the flash
+                    // (`unmapped_read = "zero-fill"`).
                     self.q.push(self.now + self.t.cmd_ns, EV_IO_DONE, slot, 0);
                 }
             }
@@ -341,7 +384,11 @@ impl Engine {
                 for k in 0..io.pages {
                     let lpa = (io.lpa + k).min(logical - 1);
                     self.ftl.prefetch_lpa(lpa);
-                    let d = self.pick_write_die();
+                    let d = if self.ftl.placement.is_static() {
+                        self.geo.die_of_plane(self.ftl.placement.plane_of_lpa(lpa))
+                    } else {
+                        self.pick_write_die()
+                    };
                     self.dies[d as usize]
                         .writes
                         .push_back(Sub { io: slot, lpa });
@@ -434,6 +481,9 @@ impl Engine {
             gc_ready |= self.ftl.has_victim(p);
             host_ok |= has_writes && self.ftl.can_accept_user(p);
         }
+        if host_ok && self.ftl.placement.is_static() {
+            host_ok = self.static_write_at(d, 0).is_some();
+        }
         let do_gc = if fg && gc_ready && host_ok {
             match self.prio {
                 GcPriority::Gc => true,
@@ -461,8 +511,11 @@ impl Engine {
             }
             true
         } else {
-            // Writes queued but no plane here can take them and GC cannot help: move them.
-            self.redirect_writes(d);
+            // Writes queued but no plane here can take them and GC cannot help: move them
+            // (static allocation cannot; the run reports a stall if nothing frees space).
+            if !self.ftl.placement.is_static() {
+                self.redirect_writes(d);
+            }
             return;
         };
         if do_gc {
@@ -482,6 +535,9 @@ impl Engine {
     }
 
     fn issue_read(&mut self, d: u32, start: u64) {
+        if self.rule != Multiplane::Any {
+            return self.issue_read_aligned(d, start);
+        }
         let ppd = self.geo.planes_per_die;
         let die = &mut self.dies[d as usize];
         let mut op = Op::IDLE;
@@ -492,12 +548,7 @@ impl Engine {
             if op.n as u32 == ppd {
                 break;
             }
-            let ppa = self.ftl.lookup(s.lpa);
-            let (plane, off) = if ppa == NONE {
-                (0, 0)
-            } else {
-                (self.geo.plane_of(ppa) % ppd, self.geo.page_in_block(ppa))
-            };
+            let (plane, _, off) = page_addr(&self.ftl, s.lpa);
             if used & (1 << plane) != 0 {
                 break;
             }
@@ -507,12 +558,52 @@ impl Engine {
             op.n += 1;
             die.reads.pop_front();
         }
+        self.start_read(d, start, op, t_r);
+    }
+
+    /// A read under the ONFI pairing rule: the oldest queued read, joined by queued reads
+    /// (up to [`LOOKAHEAD`] deep) on other planes at the same page offset (and block index
+    /// with `page-block`).
+    fn issue_read_aligned(&mut self, d: u32, start: u64) {
+        let ppd = self.geo.planes_per_die;
+        let same_block = self.rule == Multiplane::PageBlock;
+        let die = &mut self.dies[d as usize];
+        let mut op = Op::IDLE;
+        op.kind = OpKind::Read;
+        let Some(head) = die.reads.pop_front() else {
+            return;
+        };
+        let (p0, b0, o0) = page_addr(&self.ftl, head.lpa);
+        let mut used = 1u32 << p0;
+        op.subs[0] = head;
+        op.n = 1;
+        let mut i = 0;
+        while i < die.reads.len().min(LOOKAHEAD) && (op.n as u32) < ppd {
+            let s = die.reads[i];
+            let (p, b, o) = page_addr(&self.ftl, s.lpa);
+            if used & (1 << p) == 0 && o == o0 && (!same_block || b == b0) {
+                used |= 1 << p;
+                op.subs[op.n as usize] = s;
+                op.n += 1;
+                die.reads.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        let t_r = self.t.read(o0);
+        self.start_read(d, start, op, t_r);
+    }
+
+    fn start_read(&mut self, d: u32, start: u64, mut op: Op, t_r: u64) {
+        let die = &mut self.dies[d as usize];
         op.array_start = start + self.t.cmd_ns;
         op.end = op.array_start + t_r;
         die.op = op;
         die.busy = true;
         let gen = die.gen;
         self.host_pages_read += op.n as u64;
+        self.flash_ops.read_ops += 1;
+        self.flash_ops.read_pages += op.n as u64;
         self.q.push(op.end, EV_SENSE_DONE, d, gen);
     }
 
@@ -527,7 +618,120 @@ impl Engine {
         self.q.push(e, EV_DIE_DONE, d, gen);
     }
 
+    /// The first queued write of die `d` from position `from` (within [`LOOKAHEAD`]) whose
+    /// statically placed plane can take it: (queue index, plane).
+    fn static_write_at(&self, d: u32, from: usize) -> Option<(usize, u32)> {
+        let q = &self.dies[d as usize].writes;
+        (from..q.len().min(LOOKAHEAD)).find_map(|i| {
+            let plane = self.ftl.placement.plane_of_lpa(q[i].lpa);
+            self.ftl.can_accept_user(plane).then_some((i, plane))
+        })
+    }
+
+    /// Whether a write to `plane` can join a multi-plane program whose first page goes to
+    /// (`block`, `off`) within its plane.
+    #[inline]
+    fn program_pairs(&self, plane: u32, block: u32, off: u32) -> bool {
+        match self.rule {
+            Multiplane::Any => true,
+            Multiplane::Page => self.ftl.user_point(plane).1 == off,
+            Multiplane::PageBlock => self.ftl.user_point(plane) == (block, off),
+        }
+    }
+
+    /// Programs queued writes of die `d` at their statically placed planes: the oldest
+    /// writable one, joined by writes to other planes that pair with it.
+    fn issue_program_static(&mut self, d: u32) {
+        let ppd = self.geo.planes_per_die;
+        let Some((i0, plane0)) = self.static_write_at(d, 0) else {
+            return;
+        };
+        let (b0, o0) = self.ftl.user_point(plane0);
+        let mut picked = [(0usize, 0u32); crate::config::MAX_PLANES as usize];
+        picked[0] = (i0, plane0);
+        let mut n = 1usize;
+        let mut used = 1u32 << (plane0 % ppd);
+        let mut from = i0 + 1;
+        while (n as u32) < ppd {
+            let Some((i, plane)) = self.static_write_at(d, from) else {
+                break;
+            };
+            from = i + 1;
+            if used & (1 << (plane % ppd)) == 0 && self.program_pairs(plane, b0, o0) {
+                used |= 1 << (plane % ppd);
+                picked[n] = (i, plane);
+                n += 1;
+            }
+        }
+        // Remove from the back so earlier indices stay valid.
+        let mut subs = [Sub::default(); crate::config::MAX_PLANES as usize];
+        for k in (0..n).rev() {
+            let (i, _) = picked[k];
+            subs[k] = self.dies[d as usize].writes.remove(i).unwrap_or_default();
+        }
+        let mut t_prog = 0;
+        for k in 0..n {
+            let ppa = self.ftl.write_host(subs[k].lpa, picked[k].1);
+            t_prog = t_prog.max(self.t.program(self.geo.page_in_block(ppa)));
+            self.dies[d as usize].op.subs[k] = subs[k];
+        }
+        self.start_program(d, n as u8, t_prog);
+    }
+
+    /// Dynamic allocation under the ONFI rule: the writable plane whose write point is
+    /// furthest behind goes first (so the planes' write points realign), joined by planes
+    /// whose write points pair with it.
+    fn issue_program_aligned(&mut self, d: u32) {
+        let ppd = self.geo.planes_per_die;
+        let p0 = d * ppd;
+        let rr = self.dies[d as usize].plane_rr;
+        let rot = |k: u32| if rr + k >= ppd { rr + k - ppd } else { rr + k };
+        let mut anchor = NONE;
+        let (mut b0, mut o0) = (0, u32::MAX);
+        for k in 0..ppd {
+            let plane = p0 + rot(k);
+            if self.ftl.can_accept_user(plane) {
+                let (b, o) = self.ftl.user_point(plane);
+                if o < o0 {
+                    (anchor, b0, o0) = (plane, b, o);
+                }
+            }
+        }
+        if anchor == NONE {
+            return;
+        }
+        let mut n = 0u8;
+        let mut t_prog = 0;
+        for k in 0..=ppd {
+            // The anchor first, then the other planes in round-robin order.
+            let plane = if k == 0 { anchor } else { p0 + rot(k - 1) };
+            if k > 0
+                && (plane == anchor
+                    || !self.ftl.can_accept_user(plane)
+                    || !self.program_pairs(plane, b0, o0))
+            {
+                continue;
+            }
+            let Some(s) = self.dies[d as usize].writes.pop_front() else {
+                break;
+            };
+            let ppa = self.ftl.write_host(s.lpa, plane);
+            t_prog = t_prog.max(self.t.program(self.geo.page_in_block(ppa)));
+            self.dies[d as usize].op.subs[n as usize] = s;
+            n += 1;
+        }
+        let die = &mut self.dies[d as usize];
+        die.plane_rr = if rr + 1 == ppd { 0 } else { rr + 1 };
+        self.start_program(d, n, t_prog);
+    }
+
     fn issue_program(&mut self, d: u32) {
+        if self.ftl.placement.is_static() {
+            return self.issue_program_static(d);
+        }
+        if self.rule != Multiplane::Any {
+            return self.issue_program_aligned(d);
+        }
         let ppd = self.geo.planes_per_die;
         let p0 = d * ppd;
         let mut n = 0u8;
@@ -552,6 +756,15 @@ impl Engine {
         }
         let die = &mut self.dies[d as usize];
         die.plane_rr = if rr + 1 == ppd { 0 } else { rr + 1 };
+        self.start_program(d, n, t_prog);
+    }
+
+    /// Starts the program of the `n` pages already in die `d`'s operation record: the
+    /// data-in transfers (waiting for the bus), then tPROG.
+    fn start_program(&mut self, d: u32, n: u8, t_prog: u64) {
+        self.flash_ops.program_ops += 1;
+        self.flash_ops.program_pages += n as u64;
+        let die = &mut self.dies[d as usize];
         let ch = die.channel as usize;
         let s = (self.now + self.t.cmd_ns).max(self.chan_free[ch]);
         let e = s + n as u64 * self.t.xfer_page_ns;
@@ -580,19 +793,61 @@ impl Engine {
         // The record is filled in place; erase and GC copy use no `subs`.
         let (kind, n, end) = if planes != 0 {
             let start = self.now + self.t.cmd_ns;
-            (OpKind::Erase, 0, start + self.t.erase_ns)
+            // With `page-block`, erases of blocks at different indices run one by one.
+            let mut erases = 1;
+            if self.rule == Multiplane::PageBlock {
+                let mut first = NONE;
+                for i in 0..ppd {
+                    if planes & (1 << i) != 0 {
+                        let b = self.ftl.victim_block_in_plane(p0 + i);
+                        if first == NONE {
+                            first = b;
+                        } else if b != first {
+                            erases += 1;
+                        }
+                    }
+                }
+            }
+            (OpKind::Erase, 0, start + erases * self.t.erase_ns)
         } else {
-            let (mut t_r, mut t_p) = (0, 0);
+            // One valid page per plane with a victim. Under the ONFI rule the copies share
+            // one tR only when their source pages pair, and one tPROG only when their
+            // destinations pair; otherwise the die reads (programs) them one after another.
+            let (mut t_r, mut t_p, mut sum_r, mut sum_p) = (0, 0, 0, 0);
+            let (mut src_ok, mut dst_ok) = (true, true);
+            let mut first: Option<(u32, u32, u32, u32)> = None;
             let mut n = 0u8;
+            let same_block = self.rule == Multiplane::PageBlock;
             for p in p0..p0 + ppd {
+                let vb = self.ftl.victim_block_in_plane(p);
+                let (gb, _) = self.ftl.gc_point(p);
                 if let Some((old, new)) = self.ftl.gc_move_next(p) {
                     t_r = self.t.read(old).max(t_r);
                     t_p = self.t.program(new).max(t_p);
+                    sum_r += self.t.read(old);
+                    sum_p += self.t.program(new);
+                    match first {
+                        None => first = Some((vb, old, gb, new)),
+                        Some((vb0, old0, gb0, new0)) => {
+                            src_ok &= old == old0 && (!same_block || vb == vb0);
+                            dst_ok &= new == new0 && (!same_block || gb == gb0);
+                        }
+                    }
                     n += 1;
                 }
             }
             if n == 0 {
                 return;
+            }
+            self.flash_ops.gc_copy_ops += 1;
+            self.flash_ops.gc_copy_pages += n as u64;
+            if self.rule != Multiplane::Any {
+                if !src_ok {
+                    t_r = sum_r;
+                }
+                if !dst_ok {
+                    t_p = sum_p;
+                }
             }
             (OpKind::GcCopy, n, self.now + self.t.cmd_ns + t_r + t_p)
         };

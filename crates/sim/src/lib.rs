@@ -10,6 +10,7 @@ pub mod engine;
 pub mod experiments;
 pub mod ftl;
 pub mod geometry;
+pub mod placement;
 pub mod precondition;
 pub mod presets;
 pub mod queue;

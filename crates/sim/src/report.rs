@@ -77,6 +77,25 @@ pub fn human(r: &Report) -> String {
         r.suspensions.program,
         r.suspensions.erase
     );
+    let o = &r.flash_ops;
+    let per = |pages: u64, ops: u64| {
+        if ops > 0 {
+            pages as f64 / ops as f64
+        } else {
+            0.0
+        }
+    };
+    let _ = writeln!(
+        s,
+        "planes per operation: reads {:.2} ({} ops), programs {:.2} ({} ops), GC copies {:.2} \
+         ({} ops)",
+        per(o.read_pages, o.read_ops),
+        o.read_ops,
+        per(o.program_pages, o.program_ops),
+        o.program_ops,
+        per(o.gc_copy_pages, o.gc_copy_ops),
+        o.gc_copy_ops
+    );
     if let Some(f) = &r.failed {
         let _ = writeln!(s, "DEVICE FAILED: {f}");
     }

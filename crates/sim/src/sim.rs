@@ -160,6 +160,7 @@ fn report(cfg: &SimConfig, e: &Engine, pre: crate::stats::PreconditionInfo) -> R
         write_latency_us: e.lat[1].summary(),
         trim_latency_us: e.lat[2].summary(),
         suspensions: e.suspends,
+        flash_ops: e.flash_ops,
         grown_bad_blocks: c.grown_bad_blocks,
         erase_count: EraseDistribution::from_counts(&e.ftl.erase_counts()),
         device: DeviceInfo {

@@ -163,6 +163,17 @@ pub struct SuspendCounters {
     pub erase: u64,
 }
 
+/// Flash operations and the pages they carried (pages / ops = planes per operation).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct PlaneOps {
+    pub read_ops: u64,
+    pub read_pages: u64,
+    pub program_ops: u64,
+    pub program_pages: u64,
+    pub gc_copy_ops: u64,
+    pub gc_copy_pages: u64,
+}
+
 /// Device facts.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DeviceInfo {
@@ -219,6 +230,8 @@ pub struct Report {
     pub write_latency_us: LatencySummary,
     pub trim_latency_us: LatencySummary,
     pub suspensions: SuspendCounters,
+    /// Host reads, host programs and GC copies on the flash, by operations and pages.
+    pub flash_ops: PlaneOps,
     pub grown_bad_blocks: u64,
     pub erase_count: EraseDistribution,
     pub device: DeviceInfo,

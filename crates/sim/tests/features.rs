@@ -144,12 +144,12 @@ fn bad_configs_error_without_panic() {
 /// Random small configs run to completion with every invariant checked after each GC.
 #[test]
 fn randomized_configs_keep_invariants() {
-    use flashpool_sim::config::{GcPolicy, GcPriority};
+    use flashpool_sim::config::{Allocation, GcPolicy, GcPriority, Multiplane, UnmappedRead};
     let base_seed = std::env::var("SIM_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_260_101u64);
-    for i in 0..12u64 {
+    for i in 0..24u64 {
         let seed = base_seed + i;
         let mut r = flashpool_sim::rng::SimRng::new(seed, 99);
         let mut c = small(
@@ -167,6 +167,10 @@ fn randomized_configs_keep_invariants() {
             Suspension::ProgramErase,
         ][r.below(3) as usize];
         c.ftl.static_wl_threshold = [0, 5, 50][r.below(3) as usize];
+        c.ftl.multiplane =
+            [Multiplane::Any, Multiplane::Page, Multiplane::PageBlock][r.below(3) as usize];
+        c.ftl.allocation = Allocation::ALL[r.below(Allocation::ALL.len() as u64) as usize];
+        c.ftl.unmapped_read = [UnmappedRead::Flash, UnmappedRead::ZeroFill][r.below(2) as usize];
         c.workload.rw = [Rw::Randwrite, Rw::Randrw, Rw::Write, Rw::Rw][r.below(4) as usize];
         c.workload.bs = flashpool_sim::config::Size::Bytes(4096 << r.below(3));
         c.workload.iodepth = 1 + r.below(16) as u32;
@@ -182,7 +186,10 @@ fn randomized_configs_keep_invariants() {
         c.workload.ios = 3000;
         let result = std::panic::catch_unwind(|| flashpool_sim::run(&c));
         match result {
-            Ok(Ok(rep)) => assert!(rep.failed.is_none(), "seed {seed}: {:?}", rep.failed),
+            Ok(Ok(rep)) => {
+                assert!(rep.failed.is_none(), "seed {seed}: {:?}", rep.failed);
+                assert_eq!(rep.host_ios, 3000, "seed {seed}");
+            }
             Ok(Err(e)) => panic!("seed {seed}: config error {e}"),
             Err(_) => panic!("seed {seed} panicked (rerun with SIM_TEST_SEED={seed})"),
         }

@@ -12,6 +12,7 @@ mod wear;
 
 use crate::config::{FtlConfig, GcPolicy};
 use crate::geometry::Geometry;
+use crate::placement::Placement;
 use crate::rng::SimRng;
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -114,6 +115,8 @@ impl FtlCounters {
 /// The flash translation layer.
 pub struct Ftl {
     pub geo: Geometry,
+    /// Static write placement (or dynamic).
+    pub placement: Placement,
     pub(crate) policy: GcPolicy,
     pub gc_threshold: u32,
     pub bg_gc_threshold: u32,
@@ -171,6 +174,7 @@ impl Ftl {
         let ppb = geo.pages_per_block;
         let mut ftl = Ftl {
             geo,
+            placement: Placement::new(cfg.allocation, &geo),
             policy: cfg.gc_policy,
             gc_threshold: cfg.gc_threshold_blocks,
             bg_gc_threshold: cfg.bg_gc_threshold_blocks.max(cfg.gc_threshold_blocks),
@@ -282,6 +286,48 @@ impl Ftl {
     #[inline]
     pub fn can_accept_user(&self, plane: u32) -> bool {
         self.user[plane as usize].block != NONE || self.free[plane as usize].len() >= 2
+    }
+
+    /// Where the next host write to `plane` lands: (block index within the plane, page
+    /// offset in the block); the block is the free pool's next when no user block is open.
+    #[inline]
+    pub fn user_point(&self, plane: u32) -> (u32, u32) {
+        let f = self.user[plane as usize];
+        let (b, off) = if f.block != NONE {
+            (f.block, f.next)
+        } else {
+            match self.free[plane as usize].peek() {
+                Some(Reverse(k)) => ((k & 0xFFFF_FFFF) as u32, 0),
+                None => (NONE, 0),
+            }
+        };
+        (b.wrapping_sub(plane * self.geo.blocks_per_plane), off)
+    }
+
+    /// Where the next GC copy in `plane` lands, as [`Ftl::user_point`] for the GC frontier.
+    #[inline]
+    pub fn gc_point(&self, plane: u32) -> (u32, u32) {
+        let f = self.gcf[plane as usize];
+        let (b, off) = if f.block != NONE {
+            (f.block, f.next)
+        } else {
+            match self.free[plane as usize].peek() {
+                Some(Reverse(k)) => ((k & 0xFFFF_FFFF) as u32, 0),
+                None => (NONE, 0),
+            }
+        };
+        (b.wrapping_sub(plane * self.geo.blocks_per_plane), off)
+    }
+
+    /// Block index within its plane of `plane`'s GC victim (`NONE` when there is none).
+    #[inline]
+    pub fn victim_block_in_plane(&self, plane: u32) -> u32 {
+        let b = self.victim[plane as usize].block;
+        if b == NONE {
+            NONE
+        } else {
+            b - plane * self.geo.blocks_per_plane
+        }
     }
 
     /// Whether `plane` is below the foreground GC threshold.
@@ -494,6 +540,22 @@ impl Ftl {
     /// An untimed host write (preconditioning): round-robin placement, GC inline.
     /// Returns false if no plane can take the write.
     pub fn write_untimed(&mut self, lpa: u32) -> bool {
+        if self.placement.is_static() {
+            let plane = self.placement.plane_of_lpa(lpa);
+            if self.needs_fg_gc(plane) {
+                self.gc_untimed(plane, self.gc_threshold);
+            }
+            if self.can_accept_user(plane) {
+                self.write_host(lpa, plane);
+                return true;
+            }
+            if self.failed.is_none() {
+                self.failed = Some(format!(
+                    "plane {plane} cannot accept a write (static allocation): it is full"
+                ));
+            }
+            return false;
+        }
         let planes = self.geo.planes;
         for _ in 0..planes {
             let plane = self.rr_plane(self.rr);
