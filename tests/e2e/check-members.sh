@@ -1,6 +1,7 @@
 #!/bin/bash
 # Pool membership with real block devices (loop devices) and real clients (flashpool only).
-#  1. A 4+1 pool over five loop devices (`serve --drive /dev/loopN ...`, devices used whole)
+#  1. A 4+1 pool over five loop devices (`serve --drive /dev/loopN ...`, devices used whole),
+#     and again over five file drives given with --drive,
 #     holding 32 MiB written by nbdcopy. For each of the first, a middle and the last member:
 #     the member's device is detached, the server starts degraded and serves every byte
 #     (qemu-img compare), accepts writes (qemu-io), `flashpool drive replace` puts a spare
@@ -39,7 +40,10 @@ attach() {
     l=$(losetup -f --show "$1") || die "losetup failed for $1 (loop devices unavailable?)"
     DEVS+=("$l")
 }
-detach() { losetup -d "$1"; }
+# detach DEV: the member is lost (a loop device detached, a file drive moved away).
+detach() {
+    if [ -b "$1" ]; then losetup -d "$1"; else mv "$1" "$1.gone"; fi
+}
 json() { "$FP" status --data "$DATA" --json; }
 # same_data: the export's first 32 MiB equal the source written at the start.
 same_data() {
@@ -51,16 +55,23 @@ pyq() { $PY -c "import json,sys; v=json.load(sys.stdin); $1"; }
 head -c 32M /dev/urandom > "$WORK/src.img"
 
 # --- 1. each of first, middle, last member lost, served, replaced ---
+# On loop devices (a member lost = its device detached) and on file drives (a member lost = its
+# file moved away; the spare is a new file `replace` creates at the pool's drive size).
+for kind in loop file; do
 for victim in 0 2 4; do
-    echo "== member $victim"
-    rm -rf "$DATA"; DEVS=()
+    echo "== $kind: member $victim"
+    rm -rf "$DATA" "$WORK"/f*.img*; DEVS=()
     for i in 0 1 2 3 4 5; do
-        truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"
-        attach "$WORK/b$i.img"
+        if [ "$kind" = loop ]; then
+            truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"
+            attach "$WORK/b$i.img"
+        else
+            DEVS+=("$WORK/f$i.img")
+        fi
     done
     DRIVE_ARGS=()
     for i in 0 1 2 3 4; do DRIVE_ARGS+=(--drive "${DEVS[$i]}"); done
-    SERVER_CMD="$FP serve --volume-size 96M ${DRIVE_ARGS[*]}" start_server
+    SERVER_CMD="$FP serve --drive-size 192M --volume-size 96M ${DRIVE_ARGS[*]}" start_server
     nbdcopy "$WORK/src.img" "$URI_UNIX"
     stop_server
     detach "${DEVS[$victim]}"
@@ -80,7 +91,8 @@ for victim in 0 2 4; do
     qemu-io -f raw -c "read -P 0x5a 48M 8M" "$URI_UNIX" >/dev/null || die "written data lost after a second loss"
     stop_server
     detach_all
-    echo "member $victim: degraded serve, write, replace, rebuild, second loss: every byte there"
+    echo "$kind: member $victim: degraded serve, write, replace, rebuild, second loss: every byte there"
+done
 done
 
 # --- 2. devices move between names ---
