@@ -110,7 +110,7 @@ pub struct Engine {
     pub series: Vec<SamplePoint>,
     sample_every: u64,
     sample_countdown: u64,
-    last_sample: (u64, u64, u64, u64, u64),
+    last_sample: (u64, u64, u64, u64, u64, u64),
     pub base: FtlCounters,
     pub last_completion: u64,
     pub failed: Option<String>,
@@ -184,6 +184,7 @@ impl Engine {
                 0,
                 base.flash_pages_programmed,
                 base.host_pages_written,
+                base.gc_pages_moved,
             ),
             base,
             last_completion: 0,
@@ -965,10 +966,11 @@ impl Engine {
     }
 
     fn sample(&mut self) {
-        let (t0, ios0, bytes0, flash0, host0) = self.last_sample;
+        let (t0, ios0, bytes0, flash0, host0, moved0) = self.last_sample;
         let bytes: u64 = self.bytes_by_op.iter().sum();
         let flash = self.ftl.ctr.flash_pages_programmed;
         let host = self.ftl.ctr.host_pages_written;
+        let moved = self.ftl.ctr.gc_pages_moved;
         let dt = (self.now - t0) as f64 / 1e9;
         let (iops, mb_s) = if dt > 0.0 {
             (
@@ -978,18 +980,30 @@ impl Engine {
         } else {
             (0.0, 0.0)
         };
-        let waf = if host > host0 {
-            (flash - flash0) as f64 / (host - host0) as f64
+        let (waf, moves) = if host > host0 {
+            let h = (host - host0) as f64;
+            ((flash - flash0) as f64 / h, (moved - moved0) as f64 / h)
         } else {
-            0.0
+            (0.0, 0.0)
         };
+        let (mut sum, mut min, mut backlog) = (0u64, u32::MAX, 0u64);
+        for p in 0..self.geo.planes {
+            let f = self.ftl.free_blocks(p);
+            sum += f as u64;
+            min = min.min(f);
+            backlog += self.ftl.gc_threshold.saturating_sub(f) as u64;
+        }
         self.series.push(SamplePoint {
             t_s: self.now as f64 / 1e9,
             host_ios: self.completed,
             iops,
             mb_s,
             waf,
+            free_blocks_mean: sum as f64 / self.geo.planes as f64,
+            free_blocks_min: min,
+            gc_backlog_blocks: backlog,
+            gc_moves_per_host_page: moves,
         });
-        self.last_sample = (self.now, self.completed, bytes, flash, host);
+        self.last_sample = (self.now, self.completed, bytes, flash, host, moved);
     }
 }

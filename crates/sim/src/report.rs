@@ -96,6 +96,13 @@ pub fn human(r: &Report) -> String {
         per(o.gc_copy_pages, o.gc_copy_ops),
         o.gc_copy_ops
     );
+    let g = &r.gc;
+    let _ = writeln!(
+        s,
+        "GC regime: {} (free blocks per plane: mean {:.1}, min {}, threshold {}; backlog {:.1} \
+         blocks)",
+        g.regime, g.free_blocks_mean, g.free_blocks_min, g.threshold_blocks, g.gc_backlog_mean
+    );
     if let Some(f) = &r.failed {
         let _ = writeln!(s, "DEVICE FAILED: {f}");
     }

@@ -6,7 +6,7 @@ use crate::engine::{Engine, Progress, Source};
 use crate::ftl::Ftl;
 use crate::geometry::Geometry;
 use crate::precondition::precondition;
-use crate::stats::{waf, DeviceInfo, EraseDistribution, Report};
+use crate::stats::{waf, DeviceInfo, EraseDistribution, GcRegime, Report};
 use crate::trace::TraceRecord;
 
 /// Resolved trace records and how to pace them.
@@ -178,6 +178,7 @@ fn report(cfg: &SimConfig, e: &Engine, pre: crate::stats::PreconditionInfo) -> R
         },
         precondition: pre,
         time_series: e.series.clone(),
+        gc: GcRegime::from_series(&e.series, cfg.ftl.gc_threshold_blocks, c.gc_pages_moved),
         latency_cdf: [e.lat[0].cdf(), e.lat[1].cdf()],
         failed: e.failed.clone(),
     }

@@ -112,6 +112,58 @@ pub struct SamplePoint {
     pub iops: f64,
     pub mb_s: f64,
     pub waf: f64,
+    /// Free blocks per plane at the sample: mean and minimum over planes.
+    pub free_blocks_mean: f64,
+    pub free_blocks_min: u32,
+    /// GC backlog: blocks missing to the foreground threshold, summed over planes.
+    pub gc_backlog_blocks: u64,
+    /// GC page moves per host page written over the interval.
+    pub gc_moves_per_host_page: f64,
+}
+
+/// Which regime garbage collection ran in during the measured run (from the time series).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GcRegime {
+    /// `ftl.gc_threshold_blocks`.
+    pub threshold_blocks: u32,
+    /// Mean over the samples of the mean free blocks per plane.
+    pub free_blocks_mean: f64,
+    /// Lowest free block count of any plane at any sample.
+    pub free_blocks_min: u32,
+    /// Mean GC backlog (blocks below the threshold, summed over planes).
+    pub gc_backlog_mean: f64,
+    /// "idle" (no GC), "threshold" (GC holds the free pool near `gc_threshold_blocks`, mean
+    /// at least half of it: the greedy model at that threshold applies) or "floor" (GC falls
+    /// behind and the free pool sits below half the threshold, toward the one-block reserve:
+    /// the threshold no longer sets the write amplification).
+    pub regime: String,
+}
+
+impl GcRegime {
+    /// Summarises `series`; `moved` = GC pages moved in the run.
+    pub fn from_series(series: &[SamplePoint], threshold: u32, moved: u64) -> GcRegime {
+        let n = series.len().max(1) as f64;
+        let free_blocks_mean = series.iter().map(|p| p.free_blocks_mean).sum::<f64>() / n;
+        let gc_backlog_mean = series
+            .iter()
+            .map(|p| p.gc_backlog_blocks as f64)
+            .sum::<f64>()
+            / n;
+        let regime = if moved == 0 || series.is_empty() {
+            "idle"
+        } else if free_blocks_mean < threshold as f64 / 2.0 {
+            "floor"
+        } else {
+            "threshold"
+        };
+        GcRegime {
+            threshold_blocks: threshold,
+            free_blocks_mean,
+            free_blocks_min: series.iter().map(|p| p.free_blocks_min).min().unwrap_or(0),
+            gc_backlog_mean,
+            regime: regime.into(),
+        }
+    }
 }
 
 /// Erase-count distribution over good blocks.
@@ -237,6 +289,8 @@ pub struct Report {
     pub device: DeviceInfo,
     pub precondition: PreconditionInfo,
     pub time_series: Vec<SamplePoint>,
+    /// The GC regime of the measured run.
+    pub gc: GcRegime,
     /// Read and write latency CDFs (see [`LatencyRecorder::cdf`]); for plots, not in the
     /// JSON.
     #[serde(skip)]
@@ -299,6 +353,31 @@ mod tests {
             let ok = s.min <= s.p50 && s.p50 <= s.p99 && s.p99 <= s.p999 && s.p999 <= s.max;
             assert!(ok, "seed {seed} round {round}: {s:?}");
         }
+    }
+
+    fn point(free_mean: f64, free_min: u32) -> SamplePoint {
+        SamplePoint {
+            t_s: 0.0,
+            host_ios: 0,
+            iops: 0.0,
+            mb_s: 0.0,
+            waf: 0.0,
+            free_blocks_mean: free_mean,
+            free_blocks_min: free_min,
+            gc_backlog_blocks: 0,
+            gc_moves_per_host_page: 0.0,
+        }
+    }
+
+    #[test]
+    fn gc_regime_from_free_blocks() {
+        let held = [point(7.2, 6), point(6.8, 6)];
+        let r = GcRegime::from_series(&held, 8, 100);
+        assert_eq!((r.regime.as_str(), r.free_blocks_min), ("threshold", 6));
+        assert!((r.free_blocks_mean - 7.0).abs() < 1e-9);
+        let drained = [point(1.2, 0), point(0.8, 0)];
+        assert_eq!(GcRegime::from_series(&drained, 8, 100).regime, "floor");
+        assert_eq!(GcRegime::from_series(&drained, 8, 0).regime, "idle");
     }
 
     #[test]
