@@ -332,6 +332,39 @@ impl Raw {
     }
 }
 
+/// After the greeting: a full handshake to the default export, a write and a read back.
+pub fn handshake_and_io(c: &mut Raw, seed: u8) {
+    c.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+    c.go("");
+    let data = pattern(4096, seed);
+    let off = seed as u64 * 4096;
+    assert_eq!(c.write(1, off, &data), 0);
+    assert_eq!(c.read_simple(2, off, 4096).unwrap(), data);
+}
+
+/// A client from `from` that is served (greeting, handshake, I/O), retrying while the
+/// server closes it at once; gives up (None) after `limit`. Returns how long it took.
+pub fn served_within(
+    srv: &TestServer,
+    from: &str,
+    limit: std::time::Duration,
+    seed: u8,
+) -> Option<std::time::Duration> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut c = srv.raw_from(from);
+        if c.greeted() {
+            handshake_and_io(&mut c, seed);
+            c.disc();
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn go_payload(name: &str, infos: &[u16]) -> Vec<u8> {
     let mut p = (name.len() as u32).to_be_bytes().to_vec();
     p.extend_from_slice(name.as_bytes());
