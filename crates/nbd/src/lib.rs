@@ -1,6 +1,7 @@
 //! flashpool NBD front-end: a Network Block Device server (fixed newstyle
-//! handshake, structured replies, `base:allocation` block status,
-//! multi-connection, out-of-order replies) over a small storage trait,
+//! handshake, structured replies, extended headers, `base:allocation` block
+//! status, multi-connection, out-of-order replies; a handshake timeout and
+//! limits on connections in handshake) over a small storage trait,
 //! [`Export`]/[`ExportSet`], so it never depends on the pool engine.
 //!
 //! Modules, one job each:

@@ -17,6 +17,9 @@
 //! free, writes every queued reply in one `writev`; if another thread is
 //! writing, that one picks them up, so nobody waits for the socket.
 //!
+//! With extended headers (`Session::extended`) requests are 32 bytes with a
+//! 64-bit length, and every reply is an extended chunk (`wire::ReplyTo`).
+//!
 //! Limits: requests parsed and not yet answered (`max_in_flight`), and a
 //! byte budget over WRITE payloads copied out of the read buffer and replies
 //! not yet written (`max_buffer_bytes`), which is what bounds memory when a
