@@ -27,7 +27,7 @@ fn connection_threads() -> usize {
 /// most a thread per handshake slot.
 #[test]
 fn five_hundred_idle_connections_lock_nobody_out() {
-    let timeout = Duration::from_secs(3);
+    let timeout = Duration::from_secs(5);
     let srv = TestServer::start_with(Config {
         handshake_timeout: timeout,
         ..Config::default()
