@@ -159,6 +159,18 @@ pub enum GcPriority {
     Fair,
 }
 
+/// How often one program or erase may be suspended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SuspendBudget {
+    /// At most `max_suspends_per_op` times; later reads wait for the operation to end.
+    Count,
+    /// Any number of times, but a resumed operation runs at least `suspend_min_run_us`
+    /// before it can be suspended again (bounds both the read wait and the operation's
+    /// slowdown by elapsed time, not by a count).
+    Time,
+}
+
 /// Which operations on different planes of a die may form one multi-plane operation.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -226,8 +238,17 @@ pub struct FtlConfig {
     pub d_choices: u32,
     pub gc_priority: GcPriority,
     pub suspension: Suspension,
-    /// Most suspensions of one program or erase.
+    /// Most suspensions of one program or erase (`suspend_budget = "count"`).
     pub max_suspends_per_op: u32,
+    /// Suspension budget per operation: by count or by elapsed time.
+    pub suspend_budget: SuspendBudget,
+    /// Least array time a resumed operation runs before the next suspension
+    /// (`suspend_budget = "time"`), us.
+    pub suspend_min_run_us: f64,
+    /// Read-priority scheduling: a read that arrives while its die's program or erase cannot
+    /// be suspended yet (command and data-in phase, resume, the minimum run) suspends it as
+    /// soon as it can, instead of waiting for the whole operation.
+    pub read_priority: bool,
     /// Dynamic wear leveling: open the free block with the lowest erase count.
     pub dynamic_wear_leveling: bool,
     /// Static wear leveling: move cold data when a plane's erase-count spread exceeds this
@@ -257,6 +278,9 @@ impl Default for FtlConfig {
             gc_priority: GcPriority::Fair,
             suspension: Suspension::None,
             max_suspends_per_op: 4,
+            suspend_budget: SuspendBudget::Count,
+            suspend_min_run_us: 100.0,
+            read_priority: false,
             dynamic_wear_leveling: true,
             static_wl_threshold: 0,
             endurance: 0,
@@ -536,6 +560,11 @@ impl SimConfig {
         }
         if f.max_suspends_per_op > 255 {
             return err("ftl.max_suspends_per_op must be at most 255");
+        }
+        if !(f.suspend_min_run_us >= 1.0 && f.suspend_min_run_us < 1e9) {
+            return err(
+                "ftl.suspend_min_run_us must be at least 1 us (a resumed operation must progress)",
+            );
         }
         let blocks_per_die = g.planes_per_die * g.blocks_per_plane;
         if f.factory_bad_blocks_per_die >= blocks_per_die {

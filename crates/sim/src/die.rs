@@ -70,6 +70,8 @@ pub struct Die {
     pub plane_rr: u32,
     /// Already in the engine's list of dies to schedule at the end of this instant.
     pub kicked: bool,
+    /// A deferred suspension check is queued for the current operation.
+    pub suspend_pending: bool,
 }
 
 impl Die {
@@ -86,6 +88,7 @@ impl Die {
             gc_turn: false,
             plane_rr: 0,
             kicked: false,
+            suspend_pending: false,
         }
     }
 }

@@ -9,11 +9,13 @@
 //! writes go to a die and plane chosen dynamically or by static placement
 //! ([`crate::placement`]).
 
-use crate::config::{GcPriority, Multiplane, SimConfig, Suspension, UnmappedRead};
+use crate::config::{GcPriority, Multiplane, SimConfig, SuspendBudget, Suspension, UnmappedRead};
 use crate::die::{Die, Op, OpKind, Sub};
 use crate::ftl::{Ftl, FtlCounters, NONE};
 use crate::geometry::Geometry;
-use crate::queue::{EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE, GEN_MASK};
+use crate::queue::{
+    EventQueue, EV_ARRIVAL, EV_DIE_DONE, EV_IO_DONE, EV_SENSE_DONE, EV_SUSPEND, GEN_MASK,
+};
 use crate::stats::{LatencyRecorder, PlaneOps, SamplePoint, SuspendCounters};
 use crate::timing::Timing;
 use crate::trace::TraceRecord;
@@ -83,6 +85,9 @@ pub struct Engine {
     free_slots: Vec<u32>,
     susp_mode: Suspension,
     max_susp: u8,
+    susp_budget: SuspendBudget,
+    min_run_ns: u64,
+    read_priority: bool,
     prio: GcPriority,
     rule: Multiplane,
     unmapped: UnmappedRead,
@@ -154,6 +159,9 @@ impl Engine {
             free_slots: Vec::new(),
             susp_mode: cfg.ftl.suspension,
             max_susp: cfg.ftl.max_suspends_per_op as u8,
+            susp_budget: cfg.ftl.suspend_budget,
+            min_run_ns: (cfg.ftl.suspend_min_run_us * 1000.0).round() as u64,
+            read_priority: cfg.ftl.read_priority,
             prio: cfg.ftl.gc_priority,
             rule: cfg.ftl.multiplane,
             unmapped: cfg.ftl.unmapped_read,
@@ -228,6 +236,15 @@ impl Engine {
                     }
                 }
                 EV_IO_DONE => self.io_done(ev.target),
+                EV_SUSPEND => {
+                    let die = &mut self.dies[ev.target as usize];
+                    if die.gen & GEN_MASK == ev.gen {
+                        die.suspend_pending = false;
+                        if die.busy && !die.reads.is_empty() {
+                            self.maybe_suspend(ev.target);
+                        }
+                    }
+                }
                 _ => self.arrival(),
             }
             if !self.kicked.is_empty() && self.q.peek_time() != Some(self.now) {
@@ -865,7 +882,10 @@ impl Engine {
         self.q.push(end, EV_DIE_DONE, d, gen);
     }
 
-    /// A read arrived at busy die `d`: suspend its program or erase if allowed.
+    /// A read arrived at busy die `d`: suspend its program or erase if allowed. With
+    /// read-priority scheduling, a read that arrives before the operation can be suspended
+    /// (command and data-in phase, resume, the minimum run of the time budget) suspends it
+    /// as soon as it can.
     fn maybe_suspend(&mut self, d: u32) {
         let die = &self.dies[d as usize];
         if die.susp.kind != OpKind::Idle {
@@ -877,11 +897,25 @@ impl Engine {
             (Suspension::ProgramErase, OpKind::Program | OpKind::GcCopy)
                 | (Suspension::ProgramErase | Suspension::Erase, OpKind::Erase)
         );
-        if !allowed
-            || op.suspends >= self.max_susp
-            || self.now < op.array_start
-            || self.now >= op.end
-        {
+        let within_budget = match self.susp_budget {
+            SuspendBudget::Count => op.suspends < self.max_susp,
+            SuspendBudget::Time => op.suspends < u8::MAX,
+        };
+        if !allowed || !within_budget || self.now >= op.end {
+            return;
+        }
+        // A resumed operation under the time budget runs `min_run` before the next suspend.
+        let earliest = if self.susp_budget == SuspendBudget::Time && op.suspends > 0 {
+            op.array_start + self.min_run_ns
+        } else {
+            op.array_start
+        };
+        if self.now < earliest {
+            if self.read_priority && earliest < op.end && !die.suspend_pending {
+                let gen = die.gen;
+                self.dies[d as usize].suspend_pending = true;
+                self.q.push(earliest, EV_SUSPEND, d, gen);
+            }
             return;
         }
         let lat = if op.kind == OpKind::Erase {
@@ -896,6 +930,7 @@ impl Engine {
         die.susp.suspends += 1;
         die.susp_remaining = op.end - self.now;
         die.gen = die.gen.wrapping_add(1);
+        die.suspend_pending = false;
         self.issue_read(d, self.now + lat);
     }
 

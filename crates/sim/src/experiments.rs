@@ -7,11 +7,13 @@
 //!   maximum of the SNIA tutorial's simplified analysis.
 //! - `waf-vs-op`: steady-state WAF of uniform random writes against OP, per GC policy.
 //! - `write-cliff`: MB/s over time of continuous random writes at several user fill levels.
-//! - `suspension`: read latency of database-like mixes with and without suspension.
+//! - `suspension`: read latency (max, p99.9) of database-like mixes on TLC timing under each
+//!   suspension and read-priority policy, with the write-side cost.
 //! - `trace`: a trace replayed on two devices, latency CDFs (see [`crate::trace_experiment`]).
 
 use crate::config::{
-    GcPolicy, GeometryConfig, Precondition, Rw, SimConfig, Size, Suspension, TimingConfig,
+    GcPolicy, GeometryConfig, Precondition, Rw, SimConfig, Size, SuspendBudget, Suspension,
+    TimingConfig,
 };
 use crate::sim::{run as run_sim, SimError};
 use crate::stats::Report;
@@ -453,9 +455,57 @@ fn write_cliff(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentResul
     })
 }
 
+/// The suspension experiment's policies: (label, suspension, budget, read priority).
+pub const SUSPENSION_POLICIES: [(&str, Suspension, SuspendBudget, bool); 5] = [
+    ("none", Suspension::None, SuspendBudget::Count, false),
+    (
+        "count",
+        Suspension::ProgramErase,
+        SuspendBudget::Count,
+        false,
+    ),
+    (
+        "count+rp",
+        Suspension::ProgramErase,
+        SuspendBudget::Count,
+        true,
+    ),
+    ("time", Suspension::ProgramErase, SuspendBudget::Time, false),
+    (
+        "time+rp",
+        Suspension::ProgramErase,
+        SuspendBudget::Time,
+        true,
+    ),
+];
+
+/// The device of the suspension experiment: the `tlc` preset's timing (tR 67 us, tPROG
+/// 2.3 ms, tBERS 10 ms, 16 KiB pages, 192-page blocks) on 2 channels x 2 dies x 2 planes x
+/// 64 blocks, 10 % OP, steady state; a database-like random mix of 16 KiB (one page) I/Os at
+/// queue depth 1 per thread.
+pub fn suspension_config(mix: u32, threads: u32, ios: u64) -> SimConfig {
+    let tlc = crate::presets::preset("tlc").expect("the tlc preset parses");
+    let g = GeometryConfig {
+        channels: 2,
+        dies_per_channel: 2,
+        blocks_per_plane: 64,
+        ..tlc.geometry
+    };
+    let mut c = base(g, tlc.timing);
+    c.ftl.op_ratio = 0.1;
+    c.workload.rw = Rw::Randrw;
+    c.workload.rwmixread = mix;
+    c.workload.bs = Size::Bytes(16384);
+    c.workload.iodepth = 1;
+    c.workload.numjobs = threads;
+    c.workload.precondition = Precondition::Steady;
+    c.workload.ios = ios;
+    c
+}
+
 fn suspension(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentResult, SimError> {
     // Database-like mixes as in the Starblaze talk: 2 readers : 1 writer and 5 : 4,
-    // 1 and 2 threads, MLC timing (SimpleSSD 2.0 sample values).
+    // 1 and 2 threads, queue depth 1.
     let cases = [
         ("2rr1rw_1thread", 67u32, 1u32),
         ("5rr4rw_1thread", 56, 1),
@@ -463,99 +513,63 @@ fn suspension(quick: bool, log: &mut dyn FnMut(&str)) -> Result<ExperimentResult
         ("5rr4rw_2thread", 56, 2),
     ];
     let mut rows = Vec::new();
-    let mut s_mean = [Vec::new(), Vec::new()];
-    let mut s_max = [Vec::new(), Vec::new()];
+    let mut s_max: Vec<Vec<(f64, f64)>> = vec![Vec::new(); SUSPENSION_POLICIES.len()];
     for (i, &(name, mix, threads)) in cases.iter().enumerate() {
-        for (k, mode) in [Suspension::None, Suspension::ProgramErase]
-            .into_iter()
-            .enumerate()
-        {
-            let g = GeometryConfig {
-                channels: 2,
-                dies_per_channel: 2,
-                planes_per_die: 2,
-                blocks_per_plane: 64,
-                pages_per_block: 128,
-                page_size: 8192,
-            };
-            let t = TimingConfig {
-                read_us: 52.5,
-                program_us: 900.0,
-                erase_us: 3500.0,
-                read_us_by_type: vec![40.0, 65.0],
-                program_us_by_type: vec![500.0, 1300.0],
-                channel_mt_s: 400,
-                ..TimingConfig::default()
-            };
-            let mut c = base(g, t);
+        for (k, &(label, mode, budget, rp)) in SUSPENSION_POLICIES.iter().enumerate() {
+            let mut c = suspension_config(mix, threads, if quick { 5_000 } else { 60_000 });
             c.ftl.suspension = mode;
-            c.ftl.op_ratio = 0.1;
-            c.workload.rw = Rw::Randrw;
-            c.workload.rwmixread = mix;
-            c.workload.bs = Size::Bytes(8192);
-            c.workload.iodepth = 1;
-            c.workload.numjobs = threads;
-            c.workload.precondition = Precondition::Steady;
-            c.workload.ios = if quick { 5_000 } else { 60_000 };
-            let label = if k == 0 { "none" } else { "program-erase" };
+            c.ftl.suspend_budget = budget;
+            c.ftl.read_priority = rp;
             let r = go(&c, log, &format!("suspension: {name} {label}"))?;
-            let l = r.read_latency_us;
-            s_mean[k].push(((i + 1) as f64, l.mean));
-            s_max[k].push(((i + 1) as f64, l.p99));
+            let (l, w) = (r.read_latency_us, r.write_latency_us);
+            s_max[k].push(((i + 1) as f64, l.max / 1000.0));
             rows.push(vec![
                 name.to_string(),
                 label.to_string(),
                 f(r.read_iops, 0),
                 f(l.mean, 1),
                 f(l.p99, 1),
+                f(l.p999, 1),
                 f(l.max, 1),
-                f(r.write_latency_us.mean, 1),
+                f(r.write_iops, 0),
+                f(w.mean, 1),
+                f(w.p99, 1),
+                f(w.max, 1),
                 (r.suspensions.program + r.suspensions.erase).to_string(),
             ]);
         }
     }
-    let [m0, m1] = s_mean;
-    let [x0, x1] = s_max;
     Ok(ExperimentResult {
         name: "suspension".into(),
-        title: "Read latency of database-like mixes (1-4 = 2rr1rw/5rr4rw x 1/2 threads, MLC)"
+        title: "Max read latency of database-like mixes (1-4 = 2rr1rw/5rr4rw x 1/2 threads, TLC)"
             .into(),
         x_label: "test case".into(),
-        y_label: "read latency, us".into(),
+        y_label: "max read latency, ms".into(),
         columns: [
             "test",
-            "suspension",
+            "policy",
             "read_iops",
             "read_mean_us",
             "read_p99_us",
+            "read_p999_us",
             "read_max_us",
+            "write_iops",
             "write_mean_us",
+            "write_p99_us",
+            "write_max_us",
             "suspends",
         ]
         .map(String::from)
         .to_vec(),
         rows,
-        series: vec![
-            Series {
-                name: "p99, no suspension".into(),
-                points: x0,
+        series: SUSPENSION_POLICIES
+            .iter()
+            .zip(s_max)
+            .map(|(p, points)| Series {
+                name: format!("max read, {}", p.0),
+                points,
                 dashed: false,
-            },
-            Series {
-                name: "p99, program/erase suspension".into(),
-                points: x1,
-                dashed: false,
-            },
-            Series {
-                name: "mean, no suspension".into(),
-                points: m0,
-                dashed: true,
-            },
-            Series {
-                name: "mean, program/erase suspension".into(),
-                points: m1,
-                dashed: true,
-            },
-        ],
+            })
+            .collect(),
     })
 }

@@ -12,6 +12,8 @@ pub const EV_DIE_DONE: u8 = 0;
 pub const EV_SENSE_DONE: u8 = 1;
 pub const EV_IO_DONE: u8 = 2;
 pub const EV_ARRIVAL: u8 = 3;
+/// A deferred suspension check (read-priority scheduling).
+pub const EV_SUSPEND: u8 = 4;
 
 /// A scheduled event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
