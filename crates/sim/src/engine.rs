@@ -828,45 +828,15 @@ impl Engine {
             }
             (OpKind::Erase, 0, start + erases * self.t.erase_ns)
         } else {
-            // One valid page per plane with a victim. Under the ONFI rule the copies share
-            // one tR only when their source pages pair, and one tPROG only when their
-            // destinations pair; otherwise the die reads (programs) them one after another.
-            let (mut t_r, mut t_p, mut sum_r, mut sum_p) = (0, 0, 0, 0);
-            let (mut src_ok, mut dst_ok) = (true, true);
-            let mut first: Option<(u32, u32, u32, u32)> = None;
-            let mut n = 0u8;
-            let same_block = self.rule == Multiplane::PageBlock;
-            for p in p0..p0 + ppd {
-                let vb = self.ftl.victim_block_in_plane(p);
-                let (gb, _) = self.ftl.gc_point(p);
-                if let Some((old, new)) = self.ftl.gc_move_next(p) {
-                    t_r = self.t.read(old).max(t_r);
-                    t_p = self.t.program(new).max(t_p);
-                    sum_r += self.t.read(old);
-                    sum_p += self.t.program(new);
-                    match first {
-                        None => first = Some((vb, old, gb, new)),
-                        Some((vb0, old0, gb0, new0)) => {
-                            src_ok &= old == old0 && (!same_block || vb == vb0);
-                            dst_ok &= new == new0 && (!same_block || gb == gb0);
-                        }
-                    }
-                    n += 1;
-                }
-            }
-            if n == 0 {
+            let Some((n, t_r, t_p)) = (if self.rule == Multiplane::Any {
+                self.gc_copy_any(p0)
+            } else {
+                self.gc_copy_aligned(p0)
+            }) else {
                 return;
-            }
+            };
             self.flash_ops.gc_copy_ops += 1;
             self.flash_ops.gc_copy_pages += n as u64;
-            if self.rule != Multiplane::Any {
-                if !src_ok {
-                    t_r = sum_r;
-                }
-                if !dst_ok {
-                    t_p = sum_p;
-                }
-            }
             (OpKind::GcCopy, n, self.now + self.t.cmd_ns + t_r + t_p)
         };
         let die = &mut self.dies[d as usize];
@@ -880,6 +850,68 @@ impl Engine {
         die.busy = true;
         let gen = die.gen;
         self.q.push(end, EV_DIE_DONE, d, gen);
+    }
+
+    /// GC copies of one valid page in every plane of the die at `p0` with a victim (any
+    /// pairing): (pages, tR, tPROG).
+    fn gc_copy_any(&mut self, p0: u32) -> Option<(u8, u64, u64)> {
+        let (mut t_r, mut t_p) = (0, 0);
+        let mut n = 0u8;
+        for p in p0..p0 + self.geo.planes_per_die {
+            if let Some((old, new)) = self.ftl.gc_move_next(p) {
+                t_r = self.t.read(old).max(t_r);
+                t_p = self.t.program(new).max(t_p);
+                n += 1;
+            }
+        }
+        (n > 0).then_some((n, t_r, t_p))
+    }
+
+    /// GC copies under the ONFI rule. The planes whose GC write point is furthest behind
+    /// copy (so the GC write points realign and the copies program together); their source
+    /// pages share one tR only when they pair too, else the die reads them one by one.
+    fn gc_copy_aligned(&mut self, p0: u32) -> Option<(u8, u64, u64)> {
+        let ppd = self.geo.planes_per_die;
+        let same_block = self.rule == Multiplane::PageBlock;
+        // (plane, GC write point) of every plane with a page to move.
+        let mut cand = [(0u32, 0u32, 0u32); crate::config::MAX_PLANES as usize];
+        let mut m = 0;
+        let mut anchor = (0, u32::MAX);
+        for p in p0..p0 + ppd {
+            if self.ftl.has_victim(p) && !self.ftl.victim_drained(p) {
+                let (b, o) = self.ftl.gc_point(p);
+                cand[m] = (p, b, o);
+                m += 1;
+                if o < anchor.1 {
+                    anchor = (b, o);
+                }
+            }
+        }
+        let (mut t_r, mut t_p, mut sum_r) = (0, 0, 0);
+        let mut src_ok = true;
+        let mut first: Option<(u32, u32)> = None;
+        let mut n = 0u8;
+        for &(p, gb, go) in &cand[..m] {
+            if go != anchor.1 || (same_block && gb != anchor.0) {
+                continue;
+            }
+            let vb = if same_block {
+                self.ftl.victim_block_in_plane(p)
+            } else {
+                0
+            };
+            if let Some((old, new)) = self.ftl.gc_move_next(p) {
+                t_r = self.t.read(old).max(t_r);
+                t_p = self.t.program(new).max(t_p);
+                sum_r += self.t.read(old);
+                match first {
+                    None => first = Some((vb, old)),
+                    Some((vb0, old0)) => src_ok &= old == old0 && vb == vb0,
+                }
+                n += 1;
+            }
+        }
+        (n > 0).then_some((n, if src_ok { t_r } else { sum_r }, t_p))
     }
 
     /// A read arrived at busy die `d`: suspend its program or erase if allowed. With
