@@ -1,0 +1,83 @@
+#!/bin/bash
+# Fetches (never installs) what the guest harness needs from Debian's mirror
+# with `apt-get download` and unpacks it with `dpkg-deb -x` into a cache:
+#   $CACHE/debs/     the .deb files
+#   $CACHE/sysroot/  qemu-system-x86, seabios, ipxe, busybox-static, nbd-client,
+#                    nvme-cli, fio, e2fsprogs and every dependency that is not
+#                    installed on this host (those libraries are on the host)
+#   $CACHE/kernel/   Debian's stock kernel (linux-image-*-amd64)
+# Proves nothing by itself; prints the cache dir and exits 0 when it is ready.
+# A complete cache (the stamp file) is reused without touching the network.
+#
+#   tests/guest/fetch.sh          GUEST_CACHE=DIR overrides the cache dir
+set -euo pipefail
+GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$GUEST_DIR/../.." && pwd)
+CACHE=${GUEST_CACHE:-$ROOT/target/guest-cache}
+# Tools unpacked into the sysroot (with their not-installed dependencies).
+PACKAGES=(qemu-system-x86 seabios ipxe-qemu qemu-system-data busybox-static
+          nbd-client nvme-cli fio e2fsprogs util-linux)
+# The kernel: the version linux-image-amd64 points at, unless GUEST_KERNEL_PKG says.
+STAMP_VERSION=1
+
+die() { echo "guest fetch FAILED: $*" >&2; exit 1; }
+
+stamp=$CACHE/fetched.stamp
+if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "v$STAMP_VERSION ${PACKAGES[*]} ${GUEST_KERNEL_PKG:-}" ]; then
+    echo "$CACHE"; exit 0
+fi
+
+command -v apt-get >/dev/null || die "apt-get not found (the harness needs a Debian host to fetch its packages)"
+command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
+mkdir -p "$CACHE/debs"
+
+installed() { dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null | grep -q '^ii'; }
+
+# Depends (first alternative, no virtual packages) of one package.
+deps_of() {
+    apt-cache depends --no-recommends --no-suggests --no-enhances --no-breaks \
+        --no-replaces --no-conflicts "$1" 2>/dev/null |
+        awk '/^  Depends:|^  PreDepends:/ { if ($2 !~ /^</) print $2 }' | sort -u
+}
+
+# The closure: the packages asked for, then every dependency not installed here.
+declare -A seen=()
+queue=()
+if [ -n "${GUEST_KERNEL_PKG:-}" ]; then
+    kernel_pkg=$GUEST_KERNEL_PKG
+else
+    kernel_pkg=$(deps_of linux-image-amd64 | grep '^linux-image-' | head -1) ||
+        die "cannot resolve linux-image-amd64 (run apt-get update first?)"
+fi
+[ -n "$kernel_pkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first?)"
+for p in "${PACKAGES[@]}"; do queue+=("$p"); seen[$p]=1; done
+want=()
+while [ ${#queue[@]} -gt 0 ]; do
+    p=${queue[0]}; queue=("${queue[@]:1}")
+    want+=("$p")
+    for d in $(deps_of "$p"); do
+        [ -n "${seen[$d]:-}" ] && continue
+        seen[$d]=1
+        installed "$d" && continue
+        queue+=("$d")
+    done
+done
+
+echo "fetching ${#want[@]} packages and $kernel_pkg into $CACHE/debs" >&2
+(cd "$CACHE/debs" && apt-get download -q "${want[@]}" "$kernel_pkg" >&2) ||
+    die "apt-get download failed (no network to the Debian mirror? run apt-get update first)"
+
+rm -rf "$CACHE/sysroot" "$CACHE/kernel"
+mkdir -p "$CACHE/sysroot" "$CACHE/kernel"
+for p in "${want[@]}"; do
+    deb=$(ls "$CACHE/debs/${p}_"*.deb 2>/dev/null | head -1)
+    [ -n "$deb" ] || die "no .deb for $p in $CACHE/debs"
+    dpkg-deb -x "$deb" "$CACHE/sysroot"
+done
+deb=$(ls "$CACHE/debs/${kernel_pkg}_"*.deb | head -1)
+dpkg-deb -x "$deb" "$CACHE/kernel"
+ls "$CACHE/kernel/boot/"vmlinuz-* >/dev/null 2>&1 || die "$kernel_pkg holds no vmlinuz"
+[ -x "$CACHE/sysroot/usr/bin/qemu-system-x86_64" ] || die "qemu-system-x86_64 missing from the sysroot"
+[ -x "$CACHE/sysroot/bin/busybox" ] || die "busybox missing from the sysroot"
+printf 'v%s %s %s\n%s\n' "$STAMP_VERSION" "${PACKAGES[*]}" "${GUEST_KERNEL_PKG:-}" "$kernel_pkg" > "$stamp"
+echo "$CACHE"
