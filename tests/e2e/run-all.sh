@@ -48,6 +48,7 @@ CHECKS=(
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"
     "kill9-crash:../crash/kill9.sh 4"
+    "kernel-nbd:check-kernel-nbd.sh"
 )
 pass=0; fail=0; skipped=0
 for entry in "${CHECKS[@]}"; do
