@@ -68,6 +68,7 @@ pub struct Die {
     /// Fair GC priority: whether GC goes next.
     pub gc_turn: bool,
     pub plane_rr: u32,
+    pub gc_rr: u32,
     /// Already in the engine's list of dies to schedule at the end of this instant.
     pub kicked: bool,
     /// A deferred suspension check is queued for the current operation.
@@ -87,6 +88,7 @@ impl Die {
             writes: VecDeque::new(),
             gc_turn: false,
             plane_rr: 0,
+            gc_rr: 0,
             kicked: false,
             suspend_pending: false,
         }

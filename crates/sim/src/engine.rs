@@ -877,7 +877,13 @@ impl Engine {
         let mut cand = [(0u32, 0u32, 0u32); crate::config::MAX_PLANES as usize];
         let mut m = 0;
         let mut anchor = (0, u32::MAX);
-        for p in p0..p0 + ppd {
+        // Planes in round-robin order, so ties go to each plane in turn (always favouring
+        // the first plane skews GC, then host writes, toward it and fills it up).
+        let di = (p0 / ppd) as usize;
+        let rr = self.dies[di].gc_rr;
+        self.dies[di].gc_rr = if rr + 1 == ppd { 0 } else { rr + 1 };
+        for k in 0..ppd {
+            let p = p0 + if rr + k >= ppd { rr + k - ppd } else { rr + k };
             if self.ftl.has_victim(p) && !self.ftl.victim_drained(p) {
                 let (b, o) = self.ftl.gc_point(p);
                 cand[m] = (p, b, o);
