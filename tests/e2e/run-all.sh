@@ -47,6 +47,7 @@ CHECKS=(
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"
+    "faults-under-load:check-faults.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
 )
@@ -57,7 +58,8 @@ for entry in "${CHECKS[@]}"; do
     log="$LOGS/$name.log"
     start=$(date +%s)
     # shellcheck disable=SC2086
-    timeout -k 10 "${E2E_TIMEOUT:-600}" bash "$E2E_DIR/"$cmd > "$log" 2>&1
+    # From the logs dir: fio leaves its verify state files in the working directory.
+    (cd "$LOGS" && timeout -k 10 "${E2E_TIMEOUT:-600}" bash "$E2E_DIR/"$cmd > "$log" 2>&1)
     rc=$?
     secs=$(( $(date +%s) - start ))
     if [ $rc -eq 0 ]; then

@@ -72,9 +72,10 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
     serde_json::json!({
         "pool": {
             "uuid": info.uuid, "k": info.k, "m": info.m, "drives": info.drive_count,
-            "healthy_drives": info.healthy_drives, "segments": info.segment_count,
+            "members": info.member_drives, "healthy_drives": info.healthy_drives,
+            "width_now": info.width_now, "segments": info.segment_count,
             "free_segments": info.free_segments, "capacity_bytes": info.capacity_bytes,
-            "live_bytes": info.live_bytes,
+            "capacity_now_bytes": info.capacity_now_bytes, "live_bytes": info.live_bytes,
         },
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {
@@ -82,8 +83,10 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
             "failures_tolerated": info.m.saturating_sub(down),
             "summary": protection(info.k, info.m, down),
         },
-        "drives": pool.drives().iter().map(|d| serde_json::json!({
+        "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,
+            "failed_at_unix": f.as_ref().map(|f| f.at_unix_secs),
+            "failure": f.as_ref().map(|f| f.reason.clone()),
             "last_seen": record.as_ref().and_then(|(dir, r)| r.last_seen(dir, &d.uuid)).map(|p| p.display().to_string()),
         })).collect::<Vec<_>>(),
         "not_members": pool.ignored_drives().iter().map(|i| serde_json::json!({
@@ -93,15 +96,28 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
             "name": v.name, "size": v.size, "compression": format!("{:?}", v.compression).to_lowercase(),
             "compression_ratio": v.compression_ratio, "map_bytes": v.map_bytes,
         })).collect::<Vec<_>>(),
-        "write_amplification": {
-            "total": stats.write_amplification(),
-            "gc": stats.gc_relocated_bytes as f64 / host,
-            "parity": stats.media_parity_bytes as f64 / host,
-            "metadata": stats.media_metadata_bytes as f64 / host,
-            "padding": stats.media_padding_bytes as f64 / host,
+        // Ratios over this server's run; none before the host wrote anything (a ratio over
+        // zero host bytes means nothing).
+        "write_amplification": if stats.host_write_bytes == 0 {
+            serde_json::json!({"since": "start", "host_write_bytes": 0,
+                "total": null, "gc": null, "parity": null, "metadata": null, "padding": null})
+        } else {
+            serde_json::json!({
+                "since": "start", "host_write_bytes": stats.host_write_bytes,
+                "total": stats.write_amplification(),
+                "gc": stats.gc_relocated_bytes as f64 / host,
+                "parity": stats.media_parity_bytes as f64 / host,
+                "metadata": stats.media_metadata_bytes as f64 / host,
+                "padding": stats.media_padding_bytes as f64 / host,
+            })
         },
         "rebuild": {
-            "needed": pool.needs_rebuild(), "running": rb.running, "percent": rb.percent(),
+            "needed": pool.needs_rebuild(), "running": rb.running,
+            "state": if rb.running { "running" } else if !pool.needs_rebuild() { "idle" }
+                     else if rb.last_error.is_some() { "failed" } else { "pending" },
+            "last_error": rb.last_error, "failed_attempts": rb.failed_attempts,
+            "percent": if rb.running || rb.total_segments > 0 { serde_json::json!(rb.percent()) } else { serde_json::Value::Null },
+            "segments_done": rb.done_segments, "segments_total": rb.total_segments,
             "moved_bytes": rb.moved_bytes, "bytes_per_sec": rb.rate(),
             "eta_secs": if rb.eta_secs().is_finite() { serde_json::json!(rb.eta_secs()) } else { serde_json::Value::Null },
         },
@@ -129,8 +145,14 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
     let result: Result<serde_json::Value> = match words.first().copied() {
         Some("status") => Ok(status_json(pool, Some(dir))),
         Some("fail") => number(words.get(1), "drive index").and_then(|i| {
-            pool.fail_drive(i)?;
-            Ok(serde_json::json!({"ok": format!("drive {i} taken out of service")}))
+            if words.get(2) == Some(&"force") {
+                pool.force_fail_drive(i)?;
+            } else {
+                pool.fail_drive(i)?;
+            }
+            Ok(serde_json::json!({"ok": format!(
+                "drive {i} taken out of service; its data is rebuilt onto the others after the server's --rebuild-delay unless it is readmitted first"
+            )}))
         }),
         Some("add") => number(words.get(1), "force flag").and_then(|force| {
             let path = crate::datadir::add_drive(dir, pool, rest_after(2).as_deref(), force == 1)?;
@@ -231,6 +253,16 @@ fn serve_one(pool: &Pool, dir: &Path, conn: UnixStream) {
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
 }
 
+/// How long the CLI waits for the server's answer: status answers at once; commands that
+/// rebuild (remove, replace, rebuild) run as long as the rebuild.
+fn answer_timeout(command: &str) -> Duration {
+    match command.split_whitespace().next() {
+        Some("remove" | "replace" | "rebuild") => Duration::from_secs(24 * 3600),
+        Some("add") => Duration::from_secs(600),
+        _ => Duration::from_secs(30),
+    }
+}
+
 /// Sends one command to the server holding `dir`; returns its JSON answer.
 pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
     let path = socket_path(dir);
@@ -240,10 +272,30 @@ pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
             dir.display()
         )
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let wait = answer_timeout(command);
+    s.set_read_timeout(Some(wait))?;
     writeln!(s, "{command}")?;
     let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply)?;
+    if let Err(e) = BufReader::new(s).read_line(&mut reply) {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            bail!(
+                "the server holding {} did not answer `{}` within {} s (is it hung? its log says more)",
+                dir.display(),
+                command.split_whitespace().next().unwrap_or(""),
+                wait.as_secs()
+            );
+        }
+        return Err(e).context("reading the server's answer");
+    }
+    if reply.is_empty() {
+        bail!(
+            "the server holding {} closed the admin connection without an answer",
+            dir.display()
+        );
+    }
     let v: serde_json::Value =
         serde_json::from_str(&reply).context("bad answer from the server")?;
     if let Some(e) = v.get("error") {

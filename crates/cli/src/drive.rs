@@ -22,7 +22,13 @@ pub enum DriveCmd {
     List,
     /// Mark a member failed (as an I/O error would): the pool runs degraded, and a server
     /// rebuilds its data after `--rebuild-delay` unless the member is re-admitted first.
-    Fail { index: usize },
+    /// Refused when it would leave more members down than parity covers.
+    Fail {
+        index: usize,
+        /// Fail it even if the data becomes unavailable.
+        #[arg(long)]
+        force: bool,
+    },
     /// Take a member out of the pool now: rebuild its data onto the others and retire it.
     Remove { index: usize },
     /// Put a failed member that was not rebuilt yet back in service.
@@ -101,13 +107,17 @@ pub fn run(a: DriveArgs) -> Result<()> {
                 st.elapsed_secs
             );
         }
-        DriveCmd::Fail { index } | DriveCmd::Remove { index } => {
-            if *index >= pool.info().drive_count {
-                bail!(
-                    "no drive {index} (the pool has {} drives)",
-                    pool.info().drive_count
-                );
+        DriveCmd::Fail { index, force } => {
+            check_index(pool, *index)?;
+            if *force {
+                pool.force_fail_drive(*index)?;
+            } else {
+                pool.fail_drive(*index)?;
             }
+            rebuild(pool)?;
+        }
+        DriveCmd::Remove { index } => {
+            check_index(pool, *index)?;
             pool.fail_drive(*index)?;
             rebuild(pool)?;
         }
@@ -118,6 +128,14 @@ pub fn run(a: DriveArgs) -> Result<()> {
         DriveCmd::Rebuild => rebuild(pool)?,
     }
     pool.close()?;
+    Ok(())
+}
+
+fn check_index(pool: &flashpool_engine::Pool, index: usize) -> Result<()> {
+    let n = pool.info().drive_count;
+    if index >= n {
+        bail!("no drive {index} (the pool has {n} drives)");
+    }
     Ok(())
 }
 
@@ -173,7 +191,9 @@ fn online(a: &DriveArgs) -> Result<()> {
             }
             return Ok(());
         }
-        DriveCmd::Fail { index } => format!("fail {index}"),
+        DriveCmd::Fail { index, force } => {
+            format!("fail {index}{}", if *force { " force" } else { "" })
+        }
         DriveCmd::Remove { index } => format!("remove {index}"),
         DriveCmd::Readmit { index } => format!("readmit {index}"),
         DriveCmd::Rebuild => "rebuild".into(),

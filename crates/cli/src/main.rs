@@ -54,6 +54,15 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A command whose output goes to a closed pipe (`flashpool status | head -1`) ends
+        // quietly, as Unix tools do. The server keeps Rust's default (SIGPIPE ignored): a
+        // client that goes away is an error on its connection, not the end of the server.
+        // SAFETY: setting a signal's disposition to the default; no handler runs our code.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Volume(args) => volume::run(args),

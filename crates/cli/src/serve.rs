@@ -70,15 +70,26 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub busy_poll_us: u64,
+    /// Seconds a client gets from connecting to the end of the NBD handshake (0 = no limit);
+    /// slow or idle clients are disconnected so they cannot lock others out.
+    #[arg(long, default_value_t = 10)]
+    pub handshake_timeout: u64,
+    /// Connections in handshake at once from one peer address.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_handshakes_per_peer: u64,
 }
 
 /// Runs `flashpool serve`.
 pub fn run(a: ServeArgs) -> Result<()> {
-    if !a.stdio {
+    if !a.stdio && std::env::var_os("LISTEN_FDS").is_none() {
+        // Check the address (and that the port is free) before touching the data dir, so a
+        // typo never leaves a new pool behind.
         use std::net::ToSocketAddrs;
         a.listen
             .to_socket_addrs()
             .with_context(|| format!("--listen {:?}: not a HOST:PORT address", a.listen))?;
+        std::net::TcpListener::bind(&a.listen)
+            .with_context(|| format!("--listen {}: cannot listen there", a.listen))?;
     }
     if a.memory && !a.drive.is_empty() {
         anyhow::bail!("--memory and --drive exclude each other");
@@ -118,6 +129,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let config = Config {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
+        handshake_timeout: std::time::Duration::from_secs(a.handshake_timeout),
+        max_handshakes_per_peer: a.max_handshakes_per_peer as usize,
         ..Config::default()
     };
     let mut server = Server::new(Arc::new(PoolExports(pool.clone())), config)?;
@@ -187,19 +200,41 @@ fn spawn_cleaner(
         .name("cleaner".into())
         .spawn(move || {
             let mut lost_since: Option<std::time::Instant> = None;
+            // After a failed rebuild: when to try again, and the wait after that (doubling up
+            // to 10 minutes: retried, never silently; status shows the failure meanwhile).
+            let mut retry_at: Option<std::time::Instant> = None;
+            let mut backoff = std::time::Duration::from_secs(10);
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 for d in pool.readmit_healthy_drives() {
                     tracing::info!(drive = d, "drive healthy again: back in service");
                 }
+                if let Err(e) = pool.sync_member_states() {
+                    tracing::error!(error = %e, "cannot record a member's state in the superblocks");
+                }
+                let now = std::time::Instant::now();
                 if !pool.needs_rebuild() {
                     lost_since = None;
-                } else if lost_since.get_or_insert_with(std::time::Instant::now).elapsed().as_secs() >= rebuild_delay {
+                    retry_at = None;
+                    backoff = std::time::Duration::from_secs(10);
+                } else if lost_since.get_or_insert(now).elapsed().as_secs() >= rebuild_delay
+                    && retry_at.is_none_or(|t| now >= t)
+                {
                     tracing::warn!("a drive is out of service: rebuilding its data onto the others");
                     match pool.rebuild() {
-                        Ok(st) => tracing::info!(segments = st.total_segments, mib = st.moved_bytes >> 20, "rebuild done"),
+                        Ok(st) => {
+                            tracing::info!(segments = st.total_segments, mib = st.moved_bytes >> 20, "rebuild done");
+                            retry_at = None;
+                        }
                         Err(e) => {
-                            tracing::warn!(error = %e, "rebuild failed; retrying in 10 s");
-                            std::thread::sleep(std::time::Duration::from_secs(10));
+                            let attempts = pool.rebuild_status().failed_attempts;
+                            tracing::error!(
+                                error = %e,
+                                attempts,
+                                retry_in_secs = backoff.as_secs(),
+                                "rebuild failed: the pool runs without full redundancy until it succeeds"
+                            );
+                            retry_at = Some(now + backoff);
+                            backoff = (backoff * 2).min(std::time::Duration::from_secs(600));
                         }
                     }
                 }

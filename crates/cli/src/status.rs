@@ -32,17 +32,25 @@ pub fn run(a: StatusArgs) -> Result<()> {
         return Ok(());
     }
     let p = &v["pool"];
+    let mib = |x: &serde_json::Value| x.as_u64().unwrap_or(0) >> 20;
     println!(
-        "pool {}: {} drives ({} healthy), {}+{}, {} of {} segments free, {} MiB live of {} MiB",
+        "pool {}: {} members ({} in service{}), stripes {}+{} now ({}+{} when whole), {} of {} segments free, {} MiB live of {} MiB now ({} MiB when whole)",
         p["uuid"].as_str().unwrap_or(""),
-        p["drives"],
+        p["members"],
         p["healthy_drives"],
+        match p["drives"].as_u64().unwrap_or(0).saturating_sub(p["members"].as_u64().unwrap_or(0)) {
+            0 => String::new(),
+            n => format!(", {n} retired"),
+        },
+        p["width_now"],
+        p["m"],
         p["k"],
         p["m"],
         p["free_segments"],
         p["segments"],
-        p["live_bytes"].as_u64().unwrap_or(0) >> 20,
-        p["capacity_bytes"].as_u64().unwrap_or(0) >> 20
+        mib(&p["live_bytes"]),
+        mib(&p["capacity_now_bytes"]),
+        mib(&p["capacity_bytes"])
     );
     println!(
         "protection: {}",
@@ -70,14 +78,18 @@ pub fn run(a: StatusArgs) -> Result<()> {
         }
     );
     let w = &v["write_amplification"];
-    println!(
-        "write amplification {:.3} (GC {:.3}, parity {:.3}, metadata {:.3}, padding {:.3})",
-        w["total"].as_f64().unwrap_or(0.0),
-        w["gc"].as_f64().unwrap_or(0.0),
-        w["parity"].as_f64().unwrap_or(0.0),
-        w["metadata"].as_f64().unwrap_or(0.0),
-        w["padding"].as_f64().unwrap_or(0.0)
-    );
+    if w["total"].is_null() {
+        println!("write amplification: no host writes since the server started");
+    } else {
+        println!(
+            "write amplification since the server started {:.3} (GC {:.3}, parity {:.3}, metadata {:.3}, padding {:.3})",
+            w["total"].as_f64().unwrap_or(0.0),
+            w["gc"].as_f64().unwrap_or(0.0),
+            w["parity"].as_f64().unwrap_or(0.0),
+            w["metadata"].as_f64().unwrap_or(0.0),
+            w["padding"].as_f64().unwrap_or(0.0)
+        );
+    }
     for vol in v["volumes"].as_array().into_iter().flatten() {
         println!(
             "volume {}: {} bytes, compression {} (ratio {:.2})",
@@ -93,8 +105,15 @@ pub fn run(a: StatusArgs) -> Result<()> {
             (_, Some(seen)) => format!("- (last seen at {seen})"),
             _ => "-".to_string(),
         };
+        let why = match (d["failed_at_unix"].as_u64(), d["failure"].as_str()) {
+            (Some(t), Some(r)) => format!(
+                " (out of service since {} s ago: {r})",
+                now_unix().saturating_sub(t)
+            ),
+            _ => String::new(),
+        };
         println!(
-            "drive {:>2}: {:<8} {} {at}",
+            "drive {:>2}: {:<8} {} {at}{why}",
             d["index"],
             d["state"].as_str().unwrap_or(""),
             d["uuid"].as_str().unwrap_or("")
@@ -108,11 +127,47 @@ pub fn run(a: StatusArgs) -> Result<()> {
         );
     }
     let rb = &v["rebuild"];
-    if rb["needed"].as_bool() == Some(true) || rb["running"].as_bool() == Some(true) {
-        println!(
-            "rebuild: {:.1} % done",
+    match rb["state"].as_str().unwrap_or("") {
+        "running" => println!(
+            "rebuild: running, {} of {} segments ({:.1} %)",
+            rb["segments_done"], rb["segments_total"],
             rb["percent"].as_f64().unwrap_or(0.0)
-        );
+        ),
+        "pending" => println!(
+            "rebuild: needed, not started yet (a server starts it after its --rebuild-delay; `flashpool drive rebuild` starts it now)"
+        ),
+        "failed" => println!(
+            "rebuild: FAILED {} time(s), the pool runs without full redundancy: {}",
+            rb["failed_attempts"],
+            rb["last_error"].as_str().unwrap_or("")
+        ),
+        _ => {}
     }
+    let c = &v["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    println!(
+        "errors: {} CRC errors, {} read errors, {} write errors; {} degraded reads, {} chunks reconstructed",
+        n("crc_errors"),
+        n("read_errors"),
+        n("write_errors"),
+        n("degraded_reads"),
+        n("reconstructed_chunks")
+    );
+    println!(
+        "I/O since the server started: {} MiB written by hosts, {} MiB read; {} flushes, {} checkpoints; cleaner: {} runs, {} segments, {} MiB moved",
+        n("host_write_bytes") >> 20,
+        n("host_read_bytes") >> 20,
+        n("flushes"),
+        n("checkpoints"),
+        n("gc_runs"),
+        n("gc_segments_cleaned"),
+        n("gc_relocated_bytes") >> 20
+    );
     Ok(())
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

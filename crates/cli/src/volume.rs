@@ -41,11 +41,14 @@ pub enum VolumeCmd {
     },
     /// Delete a volume and free its space.
     Delete { name: String },
-    /// Grow or shrink a volume.
+    /// Grow or shrink a volume (shrinking below written data needs --force: it discards it).
     Resize {
         name: String,
         #[arg(value_parser = parse_size)]
         size: u64,
+        /// Shrink even if data past the new end is discarded.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -89,7 +92,22 @@ pub fn run(a: VolumeArgs) -> Result<()> {
             pool.delete_volume(&name)?;
             println!("deleted volume {name}");
         }
-        VolumeCmd::Resize { name, size } => {
+        VolumeCmd::Resize { name, size, force } => {
+            let v = pool.volume(&name)?;
+            if size < v.size() && !force {
+                let written: u64 = v
+                    .block_status(size, v.size() - size)?
+                    .iter()
+                    .filter(|e| e.state == flashpool_engine::BlockState::Data)
+                    .map(|e| e.length)
+                    .sum();
+                if written > 0 {
+                    anyhow::bail!(
+                        "volume {name} holds {} KiB of data past {size} bytes: shrinking discards it (--force to shrink anyway)",
+                        written.div_ceil(1024)
+                    );
+                }
+            }
             pool.resize_volume(&name, size)?;
             println!("resized volume {name} to {size} bytes");
         }

@@ -41,7 +41,8 @@ pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;
 pub use pool::{
-    DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS,
+    DriveFailure, DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo,
+    MAX_STRIPE_BUFFERS,
 };
 pub use rebuild::RebuildStatus;
 pub use recovery::read_superblock;

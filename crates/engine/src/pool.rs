@@ -81,6 +81,20 @@ pub(crate) struct DriveSlot {
     pub retired: AtomicBool,
     /// Taken out by an operator, not by an I/O error: never re-admitted by a probe.
     pub by_request: AtomicBool,
+    /// When and why this process took the member out of service (for status).
+    pub failure: Mutex<Option<DriveFailure>>,
+    /// Segments holding a stripe whose chunk on this member was not written (the member was
+    /// out of service when the stripe, placed before, went to the drives): before the member
+    /// is re-admitted their live data is moved, or those chunks would read as garbage.
+    pub missed: Mutex<BTreeSet<u32>>,
+}
+
+/// When and why a member went out of service.
+#[derive(Clone, Debug)]
+pub struct DriveFailure {
+    /// Seconds since the Unix epoch.
+    pub at_unix_secs: u64,
+    pub reason: String,
 }
 
 impl DriveSlot {
@@ -91,6 +105,8 @@ impl DriveSlot {
             failed: AtomicBool::new(state != MEMBER_ACTIVE),
             retired: AtomicBool::new(state == MEMBER_RETIRED),
             by_request: AtomicBool::new(state != MEMBER_ACTIVE),
+            failure: Mutex::new(None),
+            missed: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -268,6 +284,8 @@ pub(crate) struct Inner {
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
     /// Drives presented at open that are not members, with the reason (for status).
     pub ignored: Mutex<Vec<crate::assembly::IgnoredDrive>>,
+    /// A member changed state since the superblocks were last written.
+    pub states_dirty: AtomicBool,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -309,6 +327,13 @@ pub struct PoolInfo {
     pub free_segments: usize,
     /// Bytes of data the pool can hold when every segment is used at full width.
     pub capacity_bytes: u64,
+    /// Members not retired (in service, failed or missing).
+    pub member_drives: usize,
+    /// Data chunks of a stripe written now: the full width, or narrower while too few members
+    /// are in service for it (0 when the pool cannot write).
+    pub width_now: usize,
+    /// Bytes of data the pool holds when every segment is used at today's width.
+    pub capacity_now_bytes: u64,
     /// Bytes of live (mapped) data.
     pub live_bytes: u64,
 }
@@ -389,6 +414,7 @@ impl Inner {
             read_only: Mutex::new(None),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             ignored: Mutex::new(Vec::new()),
+            states_dirty: AtomicBool::new(false),
             geo,
         })
     }
@@ -448,8 +474,28 @@ impl Inner {
     /// Marks a drive failed after an I/O error.
     pub(crate) fn fail_drive(&self, d: usize, err: &std::io::Error) {
         if !self.drives[d].failed.swap(true, Ordering::SeqCst) {
+            *self.drives[d].failure.lock() = Some(DriveFailure {
+                at_unix_secs: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                reason: err.to_string(),
+            });
+            self.states_dirty.store(true, Ordering::SeqCst);
             tracing::error!(drive = d, error = %err, "drive failed; pool continues degraded");
         }
+    }
+
+    /// Writes the member states to every usable drive's superblock now (a new generation
+    /// naming the same checkpoint), so a failure or a re-admission survives a crash.
+    pub(crate) fn persist_member_states(&self) -> Result<()> {
+        let _one_checkpoint = self.cp_lock.lock();
+        self.states_dirty.store(false, Ordering::SeqCst);
+        let generation = {
+            let mut sb = self.sb.lock();
+            sb.generation += 1;
+            sb.generation
+        };
+        self.write_superblocks_gen(generation)
     }
 
     pub(crate) fn volume_by_id(&self, id: u32) -> Option<Arc<VolumeState>> {
@@ -667,12 +713,22 @@ impl Pool {
         let i = &self.inner;
         let g = &i.geo;
         let free = i.writer.lock().segs.free_count();
+        let healthy = i.healthy().iter().filter(|h| **h).count();
+        let width = i.width.load(Ordering::Relaxed) as usize;
+        let width_now = width.min(healthy.saturating_sub(g.m as usize));
         PoolInfo {
+            member_drives: i
+                .drives
+                .iter()
+                .filter(|d| !d.retired.load(Ordering::Relaxed))
+                .count(),
+            width_now,
+            capacity_now_bytes: g.segment_count as u64 * g.segment_size * width_now as u64,
             uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
             k: i.width.load(Ordering::Relaxed) as usize,
             m: g.m as usize,
             drive_count: i.drives.len(),
-            healthy_drives: i.healthy().iter().filter(|h| **h).count(),
+            healthy_drives: healthy,
             chunk_size: g.chunk_size,
             segment_size: g.segment_size,
             segment_count: g.segment_count,
@@ -812,24 +868,77 @@ impl Pool {
         if slot.drive.is_none() {
             return Err(Error::NotFound(format!("drive {index} is not present")));
         }
+        // Stripes placed before the member went out and written while it was out lack their
+        // chunk on it: move their segments' live data first (the member still out of service,
+        // so the new stripes avoid it).
+        let missed = std::mem::take(&mut *slot.missed.lock());
+        if !missed.is_empty() {
+            if let Err(e) = self.inner.relocate_segments(&missed) {
+                slot.missed.lock().extend(missed);
+                return Err(e);
+            }
+        }
         slot.failed.store(false, Ordering::SeqCst);
         slot.by_request.store(false, Ordering::SeqCst);
+        *slot.failure.lock() = None;
+        self.inner.states_dirty.store(true, Ordering::SeqCst);
         tracing::info!(drive = index, "drive back in service");
-        Ok(())
+        self.sync_member_states()
     }
 
-    /// Marks drive `index` failed (for tests and `flashpool drive fail`): the pool continues
-    /// degraded.
+    /// Marks member `index` failed (`flashpool drive fail`): the pool continues degraded,
+    /// and the failure is in the superblocks before this returns. Refused when it would leave
+    /// more members down than parity covers (the data would become unavailable); see
+    /// [`Pool::force_fail_drive`].
     pub fn fail_drive(&self, index: usize) -> Result<()> {
-        if index >= self.inner.drives.len() {
-            return Err(Error::NotFound(format!("drive {index}")));
+        self.fail_drive_with(index, false)
+    }
+
+    /// Marks member `index` failed even beyond what parity covers.
+    pub fn force_fail_drive(&self, index: usize) -> Result<()> {
+        self.fail_drive_with(index, true)
+    }
+
+    fn fail_drive_with(&self, index: usize, force: bool) -> Result<()> {
+        let inner = &self.inner;
+        let slot = inner
+            .drives
+            .get(index)
+            .ok_or_else(|| Error::NotFound(format!("drive {index}")))?;
+        let down = inner.drives_down();
+        let m = inner.geo.m as usize;
+        if !force && slot.usable().is_some() && down + 1 > m {
+            return Err(Error::invalid(format!(
+                "failing member {index} would leave {} members down, parity covers {m}: data would be unavailable (force to do it anyway)",
+                down + 1
+            )));
         }
-        self.inner.drives[index]
-            .by_request
-            .store(true, Ordering::SeqCst);
+        slot.by_request.store(true, Ordering::SeqCst);
+        inner.fail_drive(index, &std::io::Error::other("failed by request"));
+        self.sync_member_states()
+    }
+
+    /// Writes member states to the superblocks if a member changed state since they were last
+    /// written (a server calls this periodically, so failures found by I/O errors persist
+    /// within moments, not at the next checkpoint).
+    pub fn sync_member_states(&self) -> Result<()> {
+        let i = &self.inner;
+        if !i.states_dirty.load(Ordering::SeqCst)
+            || i.closed.load(Ordering::SeqCst)
+            || i.read_only.lock().is_some()
+        {
+            return Ok(());
+        }
+        i.persist_member_states()
+    }
+
+    /// When and why each member went out of service in this process, by index.
+    pub fn drive_failures(&self) -> Vec<Option<DriveFailure>> {
         self.inner
-            .fail_drive(index, &std::io::Error::other("failed by request"));
-        Ok(())
+            .drives
+            .iter()
+            .map(|s| s.failure.lock().clone())
+            .collect()
     }
 }
 

@@ -22,6 +22,10 @@ pub struct RebuildStatus {
     pub elapsed_secs: f64,
     /// True while a rebuild runs.
     pub running: bool,
+    /// Why the last rebuild stopped short, if it did (cleared by one that completes).
+    pub last_error: Option<String>,
+    /// Rebuilds that stopped short since the last one that completed.
+    pub failed_attempts: u64,
 }
 
 impl RebuildStatus {
@@ -68,15 +72,19 @@ impl Inner {
             return Ok(self.rebuild_status.lock().clone());
         }
         let _one_rebuild = self.rebuild_lock.lock();
-        // Close the open segments so their data can be relocated too.
-        let (_, sealed) = self.seal_open_stripes();
-        for s in sealed {
-            self.write_stripe(s)?;
-        }
-        {
+        // Close the open segments so their data can be relocated too. Sealing the open stripes
+        // and closing their segments is one step under the writer lock: a writer that opened a
+        // stripe in between would later seal it into a segment no longer open (the panic
+        // "advance without an open segment" of `drive remove` under load).
+        let sealed = {
             let mut w = self.writer.lock();
+            let sealed = self.seal_all(&mut w);
             w.segs.close(Stream::Data);
             w.segs.close(Stream::Gc);
+            sealed
+        };
+        for s in sealed {
+            self.write_stripe(s)?;
         }
         let victims: Vec<u32> = {
             let w = self.writer.lock();
@@ -89,11 +97,16 @@ impl Inner {
         };
         let started = Instant::now();
         let moved_before = self.stats.gc_relocated_bytes.load();
-        *self.rebuild_status.lock() = RebuildStatus {
-            total_segments: victims.len() as u64,
-            running: true,
-            ..Default::default()
-        };
+        {
+            let mut st = self.rebuild_status.lock();
+            *st = RebuildStatus {
+                total_segments: victims.len() as u64,
+                running: true,
+                last_error: st.last_error.take(),
+                failed_attempts: st.failed_attempts,
+                ..Default::default()
+            };
+        }
         tracing::info!(segments = victims.len(), "rebuild started");
         for (n, seg) in victims.iter().enumerate() {
             // Moves into narrower stripes may take more room than they free, so they leave the
@@ -150,11 +163,68 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Moves the live data of `segments` (those still holding data) into new stripes on the
+    /// members in service, then checkpoints so the emptied segments are free and no
+    /// checkpoint refers to their stripes.
+    pub(crate) fn relocate_segments(
+        &self,
+        segments: &std::collections::BTreeSet<u32>,
+    ) -> Result<()> {
+        let _one_rebuild = self.rebuild_lock.lock();
+        let sealed = {
+            let mut w = self.writer.lock();
+            let sealed = self.seal_all(&mut w);
+            w.segs.close(Stream::Data);
+            w.segs.close(Stream::Gc);
+            sealed
+        };
+        for s in sealed {
+            self.write_stripe(s)?;
+        }
+        for &seg in segments {
+            let (low, holds) = {
+                let w = self.writer.lock();
+                (
+                    w.segs.free_count() <= w.segs.low_water() + 1,
+                    w.segs.states[seg as usize] == SegState::Used,
+                )
+            };
+            if low {
+                self.gc_foreground()?;
+            }
+            if holds {
+                let _cleaner = self.gc_lock.lock();
+                self.clean_segment(seg, false)?;
+            }
+        }
+        self.checkpoint()
+    }
+}
+
 impl Pool {
     /// Relocates the live data that depended on failed or missing drives, then retires them.
     /// The pool stays online (reads reconstruct, writes avoid the lost drives) throughout.
     pub fn rebuild(&self) -> Result<RebuildStatus> {
-        self.inner.rebuild()
+        let r = self.inner.rebuild();
+        let mut st = self.inner.rebuild_status.lock();
+        match &r {
+            Ok(_) => {
+                st.last_error = None;
+                st.failed_attempts = 0;
+            }
+            Err(e) => {
+                st.running = false;
+                st.last_error = Some(e.to_string());
+                st.failed_attempts += 1;
+            }
+        }
+        drop(st);
+        r.map(|mut s| {
+            s.last_error = None;
+            s.failed_attempts = 0;
+            s
+        })
     }
 
     /// Progress of the current or last rebuild.

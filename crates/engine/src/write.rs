@@ -110,6 +110,7 @@ impl Inner {
                     }
                     Err(e) => {
                         lost += 1;
+                        self.drives[d].missed.lock().insert(s.segment);
                         if self.drives[d].drive.is_some()
                             && !self.drives[d].failed.load(Ordering::Relaxed)
                         {
