@@ -43,13 +43,18 @@ deps_of() {
 # The closure: the packages asked for, then every dependency not installed here.
 declare -A seen=()
 queue=()
+kernel_of() { deps_of linux-image-amd64 | grep '^linux-image-' | head -1 || true; }
 if [ -n "${GUEST_KERNEL_PKG:-}" ]; then
     kernel_pkg=$GUEST_KERNEL_PKG
 else
-    kernel_pkg=$(deps_of linux-image-amd64 | grep '^linux-image-' | head -1) ||
-        die "cannot resolve linux-image-amd64 (run apt-get update first?)"
+    kernel_pkg=$(kernel_of)
+    if [ -z "$kernel_pkg" ] && [ "$(id -u)" = 0 ]; then
+        echo "no package lists: apt-get update" >&2
+        apt-get update -qq >&2 || die "apt-get update failed"
+        kernel_pkg=$(kernel_of)
+    fi
+    [ -n "$kernel_pkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first)"
 fi
-[ -n "$kernel_pkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first?)"
 for p in "${PACKAGES[@]}"; do queue+=("$p"); seen[$p]=1; done
 want=()
 while [ ${#queue[@]} -gt 0 ]; do
@@ -64,19 +69,23 @@ while [ ${#queue[@]} -gt 0 ]; do
 done
 
 echo "fetching ${#want[@]} packages and $kernel_pkg into $CACHE/debs" >&2
+rm -f "$CACHE"/debs/*.deb
 (cd "$CACHE/debs" && apt-get download -q "${want[@]}" "$kernel_pkg" >&2) ||
     die "apt-get download failed (no network to the Debian mirror? run apt-get update first)"
 
 rm -rf "$CACHE/sysroot" "$CACHE/kernel"
 mkdir -p "$CACHE/sysroot" "$CACHE/kernel"
+shopt -s nullglob
 for p in "${want[@]}"; do
-    deb=$(ls "$CACHE/debs/${p}_"*.deb 2>/dev/null | head -1)
-    [ -n "$deb" ] || die "no .deb for $p in $CACHE/debs"
-    dpkg-deb -x "$deb" "$CACHE/sysroot"
+    debs=("$CACHE/debs/${p}_"*.deb)
+    [ ${#debs[@]} -eq 1 ] || die "expected one .deb for $p in $CACHE/debs, found ${#debs[@]}"
+    dpkg-deb -x "${debs[0]}" "$CACHE/sysroot"
 done
-deb=$(ls "$CACHE/debs/${kernel_pkg}_"*.deb | head -1)
-dpkg-deb -x "$deb" "$CACHE/kernel"
-ls "$CACHE/kernel/boot/"vmlinuz-* >/dev/null 2>&1 || die "$kernel_pkg holds no vmlinuz"
+debs=("$CACHE/debs/${kernel_pkg}_"*.deb)
+[ ${#debs[@]} -eq 1 ] || die "expected one .deb for $kernel_pkg in $CACHE/debs"
+dpkg-deb -x "${debs[0]}" "$CACHE/kernel"
+kernels=("$CACHE/kernel/boot/"vmlinuz-*)
+[ ${#kernels[@]} -eq 1 ] || die "$kernel_pkg holds no vmlinuz"
 [ -x "$CACHE/sysroot/usr/bin/qemu-system-x86_64" ] || die "qemu-system-x86_64 missing from the sysroot"
 [ -x "$CACHE/sysroot/bin/busybox" ] || die "busybox missing from the sysroot"
 printf 'v%s %s %s\n%s\n' "$STAMP_VERSION" "${PACKAGES[*]}" "${GUEST_KERNEL_PKG:-}" "$kernel_pkg" > "$stamp"

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Guest script (busybox sh, runs as /test.sh): the kernel's own NBD client
 # against an NBD server on the host. Proves, through /dev/nbd0 of a stock
 # Debian kernel: O_DIRECT random writes of 4 KiB and of mixed sizes up to 1 MiB
@@ -56,14 +57,14 @@ if [ "$PHASE" = write ]; then
     connect
     step "fio: 4 KiB random writes, ${FIO_MB} MiB, O_DIRECT, fsync every 64, crc32c verify"
     fio --name=randwrite-4k --filename=$DEV --direct=1 --ioengine=libaio --iodepth=16 \
-        --rw=randwrite --bs=4k --offset=0 --size=${FIO_MB}m --fsync=64 --end_fsync=1 \
+        --rw=randwrite --bs=4k --offset=0 --size="$FIO_MB"m --fsync=64 --end_fsync=1 \
         --verify=crc32c --verify_fatal=1 --do_verify=1 --randseed=1 \
         >/tmp/fio1.out 2>&1 || { cat /tmp/fio1.out; fail "fio 4k verify"; }
     grep -E '^ *(READ|WRITE):' /tmp/fio1.out | sed 's/^ */kernel-nbd   fio /' || true
     step "fio: mixed sizes 4 KiB-1 MiB, ${FIO_MB} MiB, O_DIRECT, fdatasync every 8, crc32c verify"
     fio --name=randwrite-mixed --filename=$DEV --direct=1 --ioengine=libaio --iodepth=8 \
         --rw=randwrite --bssplit=4k/25:16k/15:64k/20:256k/20:1m/20 \
-        --offset=$((FIO_MB * 2))m --size=${FIO_MB}m --fdatasync=8 --end_fsync=1 \
+        --offset=$((FIO_MB * 2))m --size="$FIO_MB"m --fdatasync=8 --end_fsync=1 \
         --verify=crc32c --verify_fatal=1 --do_verify=1 --randseed=2 \
         >/tmp/fio2.out 2>&1 || { cat /tmp/fio2.out; fail "fio mixed verify"; }
     grep -E '^ *(READ|WRITE):' /tmp/fio2.out | sed 's/^ */kernel-nbd   fio /' || true

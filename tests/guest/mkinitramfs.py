@@ -43,6 +43,9 @@ MODULES = [
     "virtio_pci", "virtio_net", "nbd", "nvme-tcp", "crc32c_generic", "crc32c-intel",
     "ext4",
 ]
+# Shipped (and in modules.dep) but not loaded: `modprobe NAME` in a guest script.
+# nvmet-tcp is the kernel's NVMe/TCP target, for a loopback self-test of the initiator.
+OPTIONAL_MODULES = ["nvmet-tcp", "loop"]
 
 
 class Cpio:
@@ -181,6 +184,9 @@ def main():
 
     for m in MODULES:
         visit(m)
+    boot = list(order)
+    for m in OPTIONAL_MODULES:
+        visit(m)
     for key in order:
         rel = index[key]
         c.file(f"lib/modules/{kver}/{rel}", open(os.path.join(moddir, rel), "rb").read(), 0o644)
@@ -194,7 +200,7 @@ def main():
 
     dep = "".join(f"{index[k]}: {' '.join(index[d] for d in closure(k, []))}\n" for k in order)
     c.file(f"lib/modules/{kver}/modules.dep", dep.encode(), 0o644)
-    c.file("etc/guest-modules", "".join(f"/lib/modules/{kver}/{index[k]}\n" for k in order).encode(), 0o644)
+    c.file("etc/guest-modules", "".join(f"/lib/modules/{kver}/{index[k]}\n" for k in boot).encode(), 0o644)
     with open(out + ".tmp", "wb") as f:
         f.write(gzip.compress(c.finish(), compresslevel=6))
     os.replace(out + ".tmp", out)

@@ -33,7 +33,9 @@ dt() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 bash "$GUEST_DIR/fetch.sh" >/dev/null || die "could not fetch the guest packages (see above)"
 t1=$(date +%s.%N)
 SYS=$CACHE/sysroot
-kver=$(basename "$(ls -d "$CACHE"/kernel/lib/modules/*/ | head -1)")
+kdirs=("$CACHE"/kernel/lib/modules/*/)
+[ -d "${kdirs[0]}" ] || die "no kernel modules in $CACHE/kernel"
+kver=$(basename "${kdirs[0]}")
 kernel=$CACHE/kernel/boot/vmlinuz-$kver
 [ -f "$kernel" ] || die "no kernel $kernel in the cache"
 
