@@ -76,6 +76,7 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
             "width_now": info.width_now, "segments": info.segment_count,
             "free_segments": info.free_segments, "capacity_bytes": info.capacity_bytes,
             "capacity_now_bytes": info.capacity_now_bytes, "live_bytes": info.live_bytes,
+            "live_limit_bytes": info.live_limit_bytes,
         },
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {

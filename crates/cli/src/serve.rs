@@ -70,6 +70,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub busy_poll_us: u64,
+    /// Hold back room to rebuild a lost member's data: hosts get ENOSPC for new blocks before
+    /// live data exceeds what the pool could hold after losing one more member (on), or may
+    /// fill the pool to the last segment (off).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub rebuild_reserve: String,
     /// Seconds a client gets from connecting to the end of the NBD handshake (0 = no limit);
     /// slow or idle clients are disconnected so they cannot lock others out.
     #[arg(long, default_value_t = 10)]
@@ -119,6 +124,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         protection = %format!("{}+{}", info.k, info.m),
         "pool ready"
     );
+    dd.pool.set_rebuild_reserve(a.rebuild_reserve == "on");
     let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -56,6 +56,13 @@ pub fn run(a: StatusArgs) -> Result<()> {
         "protection: {}",
         v["protection"]["summary"].as_str().unwrap_or("")
     );
+    if let Some(limit) = p["live_limit_bytes"].as_u64() {
+        println!(
+            "rebuild reserve: hosts get ENOSPC for new data past {} MiB live, so a lost member can always be rebuilt ({} MiB live now)",
+            limit >> 20,
+            mib(&p["live_bytes"])
+        );
+    }
     let su = &v["segment_utilisation"];
     let tenths: Vec<String> = su["tenths"]
         .as_array()

@@ -286,6 +286,12 @@ pub(crate) struct Inner {
     pub ignored: Mutex<Vec<crate::assembly::IgnoredDrive>>,
     /// A member changed state since the superblocks were last written.
     pub states_dirty: AtomicBool,
+    /// Hold back room to rebuild one more member's data (see `rebuild_limit`).
+    pub rebuild_reserve: AtomicBool,
+    /// Live bytes the reserve allows (u64::MAX: no limit), as of the last new segment.
+    pub live_limit: AtomicU64,
+    /// Live data is within two segments of `live_limit`: host writes of new blocks check it.
+    pub near_limit: AtomicBool,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -334,6 +340,9 @@ pub struct PoolInfo {
     pub width_now: usize,
     /// Bytes of data the pool holds when every segment is used at today's width.
     pub capacity_now_bytes: u64,
+    /// With the rebuild reserve on: the live bytes hosts may fill before ENOSPC, so a lost
+    /// member can always be rebuilt. None when there is no such limit.
+    pub live_limit_bytes: Option<u64>,
     /// Bytes of live (mapped) data.
     pub live_bytes: u64,
 }
@@ -415,6 +424,9 @@ impl Inner {
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             ignored: Mutex::new(Vec::new()),
             states_dirty: AtomicBool::new(false),
+            rebuild_reserve: AtomicBool::new(false),
+            live_limit: AtomicU64::new(u64::MAX),
+            near_limit: AtomicBool::new(false),
             geo,
         })
     }
@@ -496,6 +508,84 @@ impl Inner {
             sb.generation
         };
         self.write_superblocks_gen(generation)
+    }
+
+    /// Bytes of live data in the pool.
+    pub(crate) fn live_total(&self) -> u64 {
+        self.live.iter().map(|l| l.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Data bytes one segment holds when spread over `drives` members at `w` data chunks per
+    /// stripe (chunk headers excluded).
+    fn segment_data(&self, drives: usize, w: usize) -> u64 {
+        let m = self.geo.m as usize;
+        if w == 0 {
+            return 0;
+        }
+        (self.geo.segment_size / self.shape.chunk_need())
+            * self.geo.chunk_size as u64
+            * drives as u64
+            * w as u64
+            / (w + m) as u64
+    }
+
+    /// With the rebuild reserve on: the live bytes the pool may hold so that, after losing
+    /// one more member, everything still fits at the narrower width with the reserves the
+    /// cleaner and checkpoints need (segments `held_back`). None: no limit (reserve off, or
+    /// too few members for a loss to leave anywhere to rebuild).
+    pub(crate) fn rebuild_limit(&self, held_back: usize) -> Option<u64> {
+        if !self.rebuild_reserve.load(Ordering::Relaxed) {
+            return None;
+        }
+        let m = self.geo.m as usize;
+        let members = self
+            .drives
+            .iter()
+            .filter(|d| !d.retired.load(Ordering::Relaxed))
+            .count();
+        if members < m + 2 {
+            return None;
+        }
+        let after = members - 1;
+        let w = (self.width.load(Ordering::Relaxed) as usize).min(after - m);
+        let usable = (self.geo.segment_count as usize).saturating_sub(held_back + 2) as u64;
+        Some(usable * self.segment_data(after, w))
+    }
+
+    /// Recomputes the live-data limit and whether live data is near it (on every new segment,
+    /// at open and after member changes; the caller holds the writer lock or passes its state).
+    pub(crate) fn update_live_limit(&self, w: &WriterState) {
+        let limit = self.rebuild_limit(w.segs.low_water()).unwrap_or(u64::MAX);
+        self.live_limit.store(limit, Ordering::Relaxed);
+        let members = self.drives.iter().filter(|d| d.usable().is_some()).count();
+        let width = self.width.load(Ordering::Relaxed) as usize;
+        let margin = 2 * self
+            .segment_data(
+                members,
+                width.min(members.saturating_sub(self.geo.m as usize)),
+            )
+            .max(1 << 20);
+        let near = limit != u64::MAX && self.live_total().saturating_add(margin) > limit;
+        self.near_limit.store(near, Ordering::Relaxed);
+    }
+
+    /// A host write of one new block (not an overwrite) past the live-data limit: ENOSPC,
+    /// so the room to rebuild a lost member is never eaten.
+    pub(crate) fn check_live_limit(&self, vol: &VolumeState, lba: u64) -> Result<()> {
+        if !self.near_limit.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mapped = !matches!(
+            crate::map::Entry::decode(vol.map.get(lba)),
+            Some(crate::map::Entry::Unmapped) | None
+        );
+        if !mapped
+            && self.live_total() + crate::format::BLOCK as u64
+                > self.live_limit.load(Ordering::Relaxed)
+        {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 
     pub(crate) fn volume_by_id(&self, id: u32) -> Option<Arc<VolumeState>> {
@@ -614,6 +704,15 @@ impl Pool {
         })
     }
 
+    /// Turns the rebuild reserve on or off: with it on, hosts get ENOSPC for new blocks
+    /// before live data exceeds what the pool could hold after losing one more member, so a
+    /// rebuild always has room. Off by default in the engine; `flashpool serve` turns it on.
+    pub fn set_rebuild_reserve(&self, on: bool) {
+        self.inner.rebuild_reserve.store(on, Ordering::SeqCst);
+        let w = self.inner.writer.lock();
+        self.inner.update_live_limit(&w);
+    }
+
     /// The pool's UUID.
     pub fn uuid(&self) -> [u8; 16] {
         self.inner.uuid
@@ -712,7 +811,10 @@ impl Pool {
     pub fn info(&self) -> PoolInfo {
         let i = &self.inner;
         let g = &i.geo;
-        let free = i.writer.lock().segs.free_count();
+        let (free, held_back) = {
+            let w = i.writer.lock();
+            (w.segs.free_count(), w.segs.low_water())
+        };
         let healthy = i.healthy().iter().filter(|h| **h).count();
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
@@ -724,6 +826,7 @@ impl Pool {
                 .count(),
             width_now,
             capacity_now_bytes: g.segment_count as u64 * g.segment_size * width_now as u64,
+            live_limit_bytes: i.rebuild_limit(held_back),
             uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
             k: i.width.load(Ordering::Relaxed) as usize,
             m: g.m as usize,

@@ -39,6 +39,7 @@ impl Inner {
             // The segment held other stripes before: a cached scan of it is stale.
             self.seg_index.lock().remove(&plan.segment);
             self.written_slots[plan.segment as usize].store(0, Ordering::Relaxed);
+            self.update_live_limit(w);
         }
         let buf = self.take_buffer();
         let seq = w.next_seq;
@@ -307,6 +308,7 @@ impl Inner {
                 (data, 0)
             }
         };
+        self.check_live_limit(vol, lba)?;
         let crc = crate::crc::checksum(stored);
         self.logged(|open| {
             if vol.deleted.load(Ordering::Relaxed) {
