@@ -33,16 +33,15 @@ mkdir -p "$CACHE/debs"
 
 installed() { dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null | grep -q '^ii'; }
 
-# Depends (first alternative, no virtual packages) of one package.
+# Depends of the packages named (first alternative, no virtual packages): one
+# apt-cache call per level of the closure, not per package.
 deps_of() {
     apt-cache depends --no-recommends --no-suggests --no-enhances --no-breaks \
-        --no-replaces --no-conflicts "$1" 2>/dev/null |
-        awk '/^  Depends:|^  PreDepends:/ { if ($2 !~ /^</) print $2 }' | sort -u
+        --no-replaces --no-conflicts "$@" 2>/dev/null |
+        awk '/^  \|?(Pre)?Depends:/ { if (!alt && $2 !~ /^</) print $2; alt = ($1 ~ /^\|/); next }
+             { alt = 0 }' | sort -u
 }
 
-# The closure: the packages asked for, then every dependency not installed here.
-declare -A seen=()
-queue=()
 kernel_of() { deps_of linux-image-amd64 | grep '^linux-image-' | head -1 || true; }
 if [ -n "${GUEST_KERNEL_PKG:-}" ]; then
     kernel_pkg=$GUEST_KERNEL_PKG
@@ -55,22 +54,27 @@ else
     fi
     [ -n "$kernel_pkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first)"
 fi
-for p in "${PACKAGES[@]}"; do queue+=("$p"); seen[$p]=1; done
+
+# The closure: the packages asked for, then every dependency not installed here.
+declare -A seen=()
+for p in "${PACKAGES[@]}"; do seen[$p]=1; done
+level=("${PACKAGES[@]}")
 want=()
-while [ ${#queue[@]} -gt 0 ]; do
-    p=${queue[0]}; queue=("${queue[@]:1}")
-    want+=("$p")
-    for d in $(deps_of "$p"); do
+while [ ${#level[@]} -gt 0 ]; do
+    want+=("${level[@]}")
+    next=()
+    for d in $(deps_of "${level[@]}"); do
         [ -n "${seen[$d]:-}" ] && continue
         seen[$d]=1
         installed "$d" && continue
-        queue+=("$d")
+        next+=("$d")
     done
+    level=("${next[@]}")
 done
 
 echo "fetching ${#want[@]} packages and $kernel_pkg into $CACHE/debs" >&2
 rm -f "$CACHE"/debs/*.deb
-(cd "$CACHE/debs" && apt-get download -q "${want[@]}" "$kernel_pkg" >&2) ||
+(cd "$CACHE/debs" && apt-get -o APT::Sandbox::User=root download -q "${want[@]}" "$kernel_pkg" >&2) ||
     die "apt-get download failed (no network to the Debian mirror? run apt-get update first)"
 
 rm -rf "$CACHE/sysroot" "$CACHE/kernel"
