@@ -7,7 +7,9 @@
 #  2. `drive remove` while fio writes on a 5-drive 4+1 pool (the remove leaves fewer members
 #     than the stripe width: stripes narrow): no panic, no hang, fio verifies, status answers
 #     during and after; `drive readmit` of a failed member that was not rebuilt works online.
-#  3. Sharp edges: `status | head -1` ends quietly; `volume resize` below written data needs
+#  3. Bit rot on one member's file under the running server: `flashpool scrub` finds it,
+#     repairs it, a second scrub is clean and fio verifies.
+#  4. Sharp edges: `status | head -1` ends quietly; `volume resize` below written data needs
 #     --force; a busy --listen port or a bad address is refused before a data dir is made.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -62,7 +64,25 @@ print('remove under load: stripes now', p['width_now'], '+', p['m'], 'on', p['me
 fio "${JOB[@]}" --verify_only --output="$WORK/v2.out"
 no_verify_errors "$WORK/v2.out"
 
-# --- 3. sharp edges ---
+# --- 3. bit rot, scrub, repair ---
+D2="$DATA/drives/drive-1.img"
+# 64 blocks spread over the whole drive: some land in the segments holding data now.
+for i in $(seq 0 63); do
+    dd if=/dev/urandom of="$D2" bs=4k seek=$((256 + i * 1009)) count=1 conv=notrunc status=none
+done
+"$FP" scrub --data "$DATA" --json > "$WORK/scrub1.json"
+$PY -c "
+import json,sys
+r=json.load(open(sys.argv[1]))
+assert r['bad_chunks']>0 and r['segments_repaired']>0 and not r['unrecoverable'], r
+print('scrub: %d bad chunks, %d segments repaired' % (r['bad_chunks'], r['segments_repaired']))" "$WORK/scrub1.json"
+"$FP" scrub --data "$DATA" --check-only --json > "$WORK/scrub2.json"
+$PY -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['bad_chunks']==0, r; print('second scrub clean')" "$WORK/scrub2.json"
+"$FP" status --data "$DATA" | grep -E "^errors: .* [1-9][0-9]* segments repaired" || die "status does not count the repair"
+fio "${JOB[@]}" --verify_only --output="$WORK/v3.out"
+no_verify_errors "$WORK/v3.out"
+
+# --- 4. sharp edges ---
 out=$("$FP" status --data "$DATA" 2>"$WORK/pipe.err" | head -1)
 [ -n "$out" ] || die "status printed nothing"
 if [ -s "$WORK/pipe.err" ]; then cat "$WORK/pipe.err"; die "status | head -1 complained"; fi

@@ -7,7 +7,7 @@
 //! takes member N's place; N's data is rebuilt onto the pool), `fail N` (take member N out of
 //! service; the server's cleaner thread rebuilds after its grace delay), `remove N` (fail it
 //! and rebuild now), `readmit N` (put a failed member that has not been rebuilt back in
-//! service), `rebuild` (rebuild now). FORCE is 0 or 1. Each connection is served on its own
+//! service), `rebuild` (rebuild now), `scrub [check]` (check every stripe, repair unless `check`). FORCE is 0 or 1. Each connection is served on its own
 //! thread (at most `MAX_ADMIN_CONNECTIONS` at once), so `status` answers while a rebuild runs.
 
 use anyhow::{bail, Context, Result};
@@ -122,6 +122,8 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
             "moved_bytes": rb.moved_bytes, "bytes_per_sec": rb.rate(),
             "eta_secs": if rb.eta_secs().is_finite() { serde_json::json!(rb.eta_secs()) } else { serde_json::Value::Null },
         },
+        "scrub": pool.last_scrub().map(|r| crate::scrub::report_json(&r)),
+        "repairs_pending": pool.repairs_pending(),
         "counters": stats.fields().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
@@ -184,6 +186,12 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
             pool.readmit_drive(i)?;
             Ok(serde_json::json!({"ok": format!("drive {i} back in service")}))
         }),
+        Some("scrub") => {
+            let repair = words.get(1) != Some(&"check");
+            pool.scrub(repair, None)
+                .map(|r| crate::scrub::report_json(&r))
+                .map_err(Into::into)
+        }
         Some("rebuild") => {
             if pool.needs_rebuild() {
                 pool.rebuild()
@@ -258,7 +266,7 @@ fn serve_one(pool: &Pool, dir: &Path, conn: UnixStream) {
 /// rebuild (remove, replace, rebuild) run as long as the rebuild.
 fn answer_timeout(command: &str) -> Duration {
     match command.split_whitespace().next() {
-        Some("remove" | "replace" | "rebuild") => Duration::from_secs(24 * 3600),
+        Some("remove" | "replace" | "rebuild" | "scrub") => Duration::from_secs(24 * 3600),
         Some("add") => Duration::from_secs(600),
         _ => Duration::from_secs(30),
     }

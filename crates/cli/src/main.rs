@@ -3,6 +3,7 @@
 //! - `serve`  (serve.rs): export pool volumes over NBD.
 //! - `volume` (volume.rs): manage the volumes of a data dir.
 //! - `sim`    (sim.rs): the NAND SSD simulator.
+//! - `drive`, `status`, `scrub` (drive.rs, status.rs, scrub.rs): members, state, integrity.
 //! - `bench`  (bench.rs): in-process engine benchmarks.
 
 mod admin;
@@ -10,6 +11,7 @@ mod bench;
 mod datadir;
 mod drive;
 mod export;
+mod scrub;
 mod serve;
 mod sim;
 mod size;
@@ -39,6 +41,8 @@ enum Command {
     Drive(drive::DriveArgs),
     /// Show the pool: drives, volumes, write amplification, compression, rebuild, counters.
     Status(status::StatusArgs),
+    /// Check every stripe's CRCs, repair what parity can, list what it cannot.
+    Scrub(scrub::ScrubArgs),
     /// In-process engine benchmarks (4 KiB random reads and writes on memory drives).
     Bench(bench::BenchArgs),
     /// Run the NAND SSD simulator.
@@ -68,6 +72,7 @@ fn main() {
         Command::Volume(args) => volume::run(args),
         Command::Drive(args) => drive::run(args),
         Command::Status(args) => status::run(args),
+        Command::Scrub(args) => scrub::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
     };

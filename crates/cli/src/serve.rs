@@ -75,6 +75,13 @@ pub struct ServeArgs {
     /// fill the pool to the last segment (off).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub rebuild_reserve: String,
+    /// Hours between background scrubs (every stripe read and checked, damage repaired);
+    /// 0 turns the background scrub off (`flashpool scrub` still works).
+    #[arg(long, default_value_t = 168)]
+    pub scrub_interval_hours: u64,
+    /// Read rate of the background scrub, in MiB/s.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub scrub_rate_mib: u64,
     /// Seconds a client gets from connecting to the end of the NBD handshake (0 = no limit);
     /// slow or idle clients are disconnected so they cannot lock others out.
     #[arg(long, default_value_t = 10)]
@@ -129,6 +136,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cleaner = spawn_cleaner(pool.clone(), stop_cleaner.clone(), a.rebuild_delay);
+    if a.scrub_interval_hours > 0 {
+        spawn_scrubber(
+            pool.clone(),
+            std::time::Duration::from_secs(a.scrub_interval_hours * 3600),
+            a.scrub_rate_mib << 20,
+        );
+    }
     if !a.memory {
         let path = crate::admin::spawn(&dd_dir, pool.clone())?;
         tracing::info!(socket = %path.display(), "admin socket");
@@ -244,6 +258,11 @@ fn spawn_cleaner(
                         }
                     }
                 }
+                match pool.repair_pending() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(segments = n, "repaired segments where reads met bad blocks"),
+                    Err(e) => tracing::warn!(error = %e, "repair of segments with bad blocks failed; retried later"),
+                }
                 let high = pool.gc_high_water();
                 if pool.info().free_segments < high {
                     match pool.gc(high) {
@@ -259,4 +278,30 @@ fn spawn_cleaner(
             }
         })
         .expect("spawning the cleaner thread")
+}
+
+/// The background scrub: every `interval` (the first after one interval), a scrub at `rate`
+/// bytes per second that repairs what it can; its report shows in `flashpool status`. The
+/// thread ends with the process.
+fn spawn_scrubber(pool: Arc<flashpool_engine::Pool>, interval: std::time::Duration, rate: u64) {
+    let spawned = std::thread::Builder::new()
+        .name("scrubber".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            match pool.scrub(true, Some(rate)) {
+                Ok(r) if !r.unrecoverable.is_empty() => tracing::error!(
+                    blocks = r.unrecoverable.len(),
+                    "background scrub: blocks lost (`flashpool scrub --check-only` lists them)"
+                ),
+                Ok(r) => tracing::info!(
+                    bad_chunks = r.bad_chunks,
+                    repaired = r.segments_repaired,
+                    "background scrub done"
+                ),
+                Err(e) => tracing::warn!(error = %e, "background scrub failed"),
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the background scrub");
+    }
 }

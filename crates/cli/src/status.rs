@@ -153,13 +153,26 @@ pub fn run(a: StatusArgs) -> Result<()> {
     let c = &v["counters"];
     let n = |k: &str| c[k].as_u64().unwrap_or(0);
     println!(
-        "errors: {} CRC errors, {} read errors, {} write errors; {} degraded reads, {} chunks reconstructed",
+        "errors: {} CRC errors, {} read errors, {} write errors; {} degraded reads, {} chunks reconstructed; {} segments repaired ({} waiting), {} blocks lost",
         n("crc_errors"),
         n("read_errors"),
         n("write_errors"),
         n("degraded_reads"),
-        n("reconstructed_chunks")
+        n("reconstructed_chunks"),
+        n("repaired_segments"),
+        v["repairs_pending"].as_u64().unwrap_or(0),
+        n("unrecoverable_blocks")
     );
+    let sc = &v["scrub"];
+    if !sc.is_null() {
+        println!(
+            "last scrub: {} stripes checked, {} bad chunks, {} segments repaired, {} blocks lost",
+            sc["stripes_checked"],
+            sc["bad_chunks"],
+            sc["segments_repaired"],
+            sc["unrecoverable"].as_array().map_or(0, Vec::len)
+        );
+    }
     println!(
         "I/O since the server started: {} MiB written by hosts, {} MiB read; {} flushes, {} checkpoints; cleaner: {} runs, {} segments, {} MiB moved",
         n("host_write_bytes") >> 20,

@@ -31,6 +31,7 @@ mod read;
 mod rebuild;
 mod recovery;
 mod scan;
+mod scrub;
 pub mod stats;
 pub mod stripe;
 mod volume;
@@ -46,5 +47,6 @@ pub use pool::{
 };
 pub use rebuild::RebuildStatus;
 pub use recovery::read_superblock;
+pub use scrub::ScrubReport;
 pub use stats::StatsSnapshot;
 pub use volume::{BlockState, Extent, Volume, VolumeInfo};

@@ -292,6 +292,10 @@ pub(crate) struct Inner {
     pub live_limit: AtomicU64,
     /// Live data is within two segments of `live_limit`: host writes of new blocks check it.
     pub near_limit: AtomicBool,
+    /// Segments where a read had to reconstruct a block from a member in service.
+    pub needs_repair: Mutex<BTreeSet<u32>>,
+    /// What the last scrub found.
+    pub last_scrub: Mutex<Option<crate::scrub::ScrubReport>>,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -427,6 +431,8 @@ impl Inner {
             rebuild_reserve: AtomicBool::new(false),
             live_limit: AtomicU64::new(u64::MAX),
             near_limit: AtomicBool::new(false),
+            needs_repair: Mutex::new(BTreeSet::new()),
+            last_scrub: Mutex::new(None),
             geo,
         })
     }

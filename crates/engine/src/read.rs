@@ -47,6 +47,10 @@ impl Inner {
                     if vol.map.get(lba) != raw {
                         continue;
                     }
+                    if let Err(e) = &res {
+                        Stats::add(&self.stats.unrecoverable_blocks, 1);
+                        tracing::error!(volume = %vol.name, offset = lba * BLOCK as u64, error = %e, "block lost: parity cannot recover it");
+                    }
                     res?;
                     return Ok(true);
                 }
@@ -110,7 +114,13 @@ impl Inner {
                 }
             }
         }
+        let in_service = self.drives.get(d).and_then(|s| s.usable()).is_some();
         let (desc, j) = self.find_stripe(d, offset)?;
+        if in_service {
+            // Rot or a read error on a member in service: repair the segment later
+            // (`Pool::repair_pending`), not just this read.
+            self.needs_repair.lock().insert(desc.segment);
+        }
         let (desc, j, shards) = match self.read_stripe(&desc, Some(d)) {
             Ok(s) => (desc, j, s),
             Err(_) => {

@@ -113,6 +113,10 @@ counters! {
     write_errors,
     /// Chunks rebuilt by erasure decoding.
     reconstructed_chunks,
+    /// Live blocks found that no parity could recover (by reads and scrubs).
+    unrecoverable_blocks,
+    /// Segments whose live data was moved to repair chunks that failed their CRC or read.
+    repaired_segments,
     /// Bytes of live data the cleaner moved.
     gc_relocated_bytes,
     /// Segments the cleaner emptied.

@@ -1,0 +1,236 @@
+//! Scrub and repair: read every stripe of every segment holding data (used or open), check every chunk's CRC32C on
+//! every member in service, and repair what parity can: the damaged segment's live data is
+//! moved into new stripes (read through reconstruction), which rewrites every block of it
+//! intact and frees the rotten space. Stripes that parity cannot recover are reported with
+//! the volume and offset of every live block they hold, and left in place (their other blocks
+//! still read). Host reads that had to reconstruct a block mark its segment for the same
+//! repair (`Pool::repair_pending`), so rot found by a read does not stay on the drive.
+
+use crate::error::Result;
+use crate::format::header::{Record, StripeKind};
+use crate::layout::SegState;
+use crate::map::Entry;
+use crate::pool::{Inner, Pool};
+use crate::scan::StripeDesc;
+use crate::stats::Stats;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// What a scrub found and did.
+#[derive(Clone, Debug, Default)]
+pub struct ScrubReport {
+    pub segments_checked: u64,
+    pub stripes_checked: u64,
+    /// Bytes of chunks read and checked.
+    pub bytes_checked: u64,
+    /// Chunks on members in service that failed their CRC or could not be read.
+    pub bad_chunks: u64,
+    /// Segments whose live data was moved to repair them.
+    pub segments_repaired: u64,
+    /// Live blocks no parity could recover: (volume, byte offset).
+    pub unrecoverable: Vec<(String, u64)>,
+    pub elapsed_secs: f64,
+}
+
+/// Most unrecoverable blocks a report lists (the count is in the log and the counters).
+const MAX_LISTED: usize = 10_000;
+
+impl Inner {
+    /// Checks every chunk of one stripe on the members in service: (bytes read, the indexes
+    /// of the chunks that failed their CRC or read).
+    fn check_stripe(&self, s: &StripeDesc) -> (u64, Vec<usize>) {
+        let n = if s.w == 0 { 0 } else { s.w + s.m };
+        let (mut bytes, mut bad) = (0, Vec::new());
+        for (i, c) in s.chunks[..n].iter().enumerate() {
+            let Some(drive) = self.drives.get(c.drive as usize).and_then(|d| d.usable()) else {
+                continue;
+            };
+            let mut buf = crate::aligned::AlignedBuf::zeroed(c.len as usize);
+            let good = match drive.read_at(c.data_offset(), &mut buf) {
+                Ok(()) => crate::crc::checksum(&buf) == c.crc,
+                Err(_) => {
+                    Stats::add(&self.stats.read_errors, 1);
+                    false
+                }
+            };
+            bytes += c.len as u64;
+            if !good {
+                bad.push(i);
+                Stats::add(&self.stats.crc_errors, 1);
+                tracing::warn!(
+                    drive = c.drive,
+                    offset = c.data_offset(),
+                    seq = s.seq,
+                    "scrub: chunk fails its CRC or read"
+                );
+            }
+        }
+        Stats::add(&self.stats.media_read_bytes, bytes);
+        (bytes, bad)
+    }
+
+    /// The live blocks stored in chunks `lost` of a stripe (volume name, byte offset), from
+    /// its records.
+    fn live_blocks(&self, s: &StripeDesc, lost: &[usize]) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for r in s.records.iter().flatten() {
+            let Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                crc,
+                ..
+            } = *r
+            else {
+                continue;
+            };
+            if !lost.contains(&(chunk as usize)) {
+                continue;
+            }
+            let Some(v) = self.volume_by_id(vol) else {
+                continue;
+            };
+            let Some(c) = s.chunks.get(chunk as usize) else {
+                continue;
+            };
+            if v.map.get(lba) == Entry::in_chunk(c, offset, len, crc).encode() {
+                out.push((v.name.clone(), lba * crate::format::BLOCK as u64));
+            }
+        }
+        out
+    }
+
+    /// Scrubs every segment holding data; repairs damaged ones when `repair`. `rate` bounds
+    /// the bytes read per second (None: as fast as the drives go).
+    pub(crate) fn scrub(&self, repair: bool, rate: Option<u64>) -> Result<ScrubReport> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::error::Error::Failed("the pool is closed".into()));
+        }
+        let started = Instant::now();
+        let mut rep = ScrubReport::default();
+        let segments: Vec<u32> = {
+            let w = self.writer.lock();
+            (0..w.segs.states.len())
+                .filter(|&s| matches!(w.segs.states[s], SegState::Used | SegState::Open))
+                .map(|s| s as u32)
+                .collect()
+        };
+        let mut damaged = BTreeSet::new();
+        for seg in segments {
+            rep.segments_checked += 1;
+            let mut lost_here = false;
+            let mut bad_here = false;
+            for desc in self.scan_segment(seg, true).values() {
+                // Stripes still on their way to the drives (in an open segment) are not
+                // checked yet: their chunks may not all be written.
+                if desc.kind != StripeKind::Data || self.done.lock().inflight.contains(&desc.seq) {
+                    continue;
+                }
+                rep.stripes_checked += 1;
+                let (bytes, bad) = self.check_stripe(desc);
+                rep.bytes_checked += bytes;
+                if bad.is_empty() {
+                    continue;
+                }
+                rep.bad_chunks += bad.len() as u64;
+                bad_here = true;
+                if self.read_stripe(desc, None).is_err() {
+                    lost_here = true;
+                    // Every chunk not readable now: the bad ones and those on members out of
+                    // service.
+                    let n = desc.w + desc.m;
+                    let lost: Vec<usize> = (0..n)
+                        .filter(|&i| {
+                            bad.contains(&i)
+                                || self
+                                    .drives
+                                    .get(desc.chunks[i].drive as usize)
+                                    .and_then(|d| d.usable())
+                                    .is_none()
+                        })
+                        .collect();
+                    let blocks = self.live_blocks(desc, &lost);
+                    for (vol, off) in &blocks {
+                        tracing::error!(volume = %vol, offset = off, "scrub: block lost: parity cannot recover it");
+                    }
+                    Stats::add(&self.stats.unrecoverable_blocks, blocks.len() as u64);
+                    let room = MAX_LISTED.saturating_sub(rep.unrecoverable.len());
+                    rep.unrecoverable.extend(blocks.into_iter().take(room));
+                }
+            }
+            if bad_here && !lost_here {
+                damaged.insert(seg);
+            }
+            if let Some(r) = rate.filter(|r| *r > 0) {
+                let due = Duration::from_secs_f64(rep.bytes_checked as f64 / r as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        if repair && !damaged.is_empty() {
+            self.relocate_segments(&damaged)?;
+            rep.segments_repaired = damaged.len() as u64;
+            Stats::add(&self.stats.repaired_segments, damaged.len() as u64);
+        }
+        rep.elapsed_secs = started.elapsed().as_secs_f64();
+        tracing::info!(
+            segments = rep.segments_checked,
+            bad_chunks = rep.bad_chunks,
+            repaired = rep.segments_repaired,
+            unrecoverable = rep.unrecoverable.len(),
+            "scrub done"
+        );
+        Ok(rep)
+    }
+}
+
+impl Pool {
+    /// Reads and checks every stripe holding live data; with `repair`, moves the live data of
+    /// every damaged segment that parity can recover. `rate`: bytes per second at most.
+    pub fn scrub(&self, repair: bool, rate: Option<u64>) -> Result<ScrubReport> {
+        let r = self.inner.scrub(repair, rate)?;
+        *self.inner.last_scrub.lock() = Some(r.clone());
+        Ok(r)
+    }
+
+    /// The report of the last scrub this process ran.
+    pub fn last_scrub(&self) -> Option<ScrubReport> {
+        self.inner.last_scrub.lock().clone()
+    }
+
+    /// Repairs the segments where host reads had to reconstruct a block (bit rot or a read
+    /// error on a member in service): their live data is moved. Returns how many.
+    pub fn repair_pending(&self) -> Result<usize> {
+        let inner = &self.inner;
+        let pending = std::mem::take(&mut *inner.needs_repair.lock());
+        if pending.is_empty() || inner.read_only.lock().is_some() {
+            return Ok(0);
+        }
+        let segs: BTreeSet<u32> = {
+            let w = inner.writer.lock();
+            pending
+                .iter()
+                .copied()
+                .filter(|&s| matches!(w.segs.states[s as usize], SegState::Used | SegState::Open))
+                .collect()
+        };
+        if let Err(e) = inner.relocate_segments(&segs) {
+            inner.needs_repair.lock().extend(pending);
+            return Err(e);
+        }
+        Stats::add(&inner.stats.repaired_segments, segs.len() as u64);
+        tracing::info!(
+            segments = segs.len(),
+            "repaired segments where reads found bad blocks"
+        );
+        Ok(segs.len())
+    }
+
+    /// Segments waiting for `repair_pending`.
+    pub fn repairs_pending(&self) -> usize {
+        self.inner.needs_repair.lock().len()
+    }
+}
