@@ -296,6 +296,9 @@ pub(crate) struct Inner {
     pub needs_repair: Mutex<BTreeSet<u32>>,
     /// What the last scrub found.
     pub last_scrub: Mutex<Option<crate::scrub::ScrubReport>>,
+    /// A stripe was lost because the filesystem under the drive files filled up: hosts get
+    /// ENOSPC (not a drive failure) from then on.
+    pub host_full: AtomicBool,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -433,6 +436,7 @@ impl Inner {
             near_limit: AtomicBool::new(false),
             needs_repair: Mutex::new(BTreeSet::new()),
             last_scrub: Mutex::new(None),
+            host_full: AtomicBool::new(false),
             geo,
         })
     }
@@ -468,6 +472,7 @@ impl Inner {
             return Err(Error::Failed(why.clone()));
         }
         match &self.done.lock().error {
+            Some(_) if self.host_full.load(Ordering::Relaxed) => Err(Error::NoSpace),
             Some(e) => Err(Error::Failed(e.clone())),
             None => Ok(()),
         }

@@ -83,6 +83,7 @@ impl Inner {
             }
         };
         let mut lost = 0;
+        let mut host_full = false;
         {
             let guard = s.buf.data.read();
             let buf = guard.as_ref().expect("sealed stripe owns its buffer");
@@ -117,7 +118,20 @@ impl Inner {
                         {
                             Stats::add(&self.stats.write_errors, 1);
                         }
-                        self.fail_drive(d, &e);
+                        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                            // The filesystem under a file drive is full (a sparse drive file):
+                            // the drive is healthy, so it stays in service. Its chunk is
+                            // missing; reads rebuild it and queue the segment for repair.
+                            host_full = true;
+                            self.needs_repair.lock().insert(s.segment);
+                            tracing::error!(
+                                drive = d,
+                                error = %e,
+                                "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
+                            );
+                        } else {
+                            self.fail_drive(d, &e);
+                        }
                     }
                 }
             }
@@ -135,11 +149,21 @@ impl Inner {
         );
         let result = if lost > tolerated {
             let msg = format!(
-                "stripe {} lost {lost} chunks on write, parity covers {tolerated}",
-                s.seq
+                "stripe {} lost {lost} chunks on write, parity covers {tolerated}{}",
+                s.seq,
+                if host_full {
+                    " (the filesystem under the drive files is full)"
+                } else {
+                    ""
+                }
             );
             self.record_failure(msg.clone());
-            Err(Error::Failed(msg))
+            if host_full {
+                self.host_full.store(true, Ordering::SeqCst);
+                Err(Error::NoSpace)
+            } else {
+                Err(Error::Failed(msg))
+            }
         } else {
             Ok(())
         };
