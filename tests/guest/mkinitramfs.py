@@ -201,9 +201,10 @@ def main():
     dep = "".join(f"{index[k]}: {' '.join(index[d] for d in closure(k, []))}\n" for k in order)
     c.file(f"lib/modules/{kver}/modules.dep", dep.encode(), 0o644)
     c.file("etc/guest-modules", "".join(f"/lib/modules/{kver}/{index[k]}\n" for k in boot).encode(), 0o644)
-    with open(out + ".tmp", "wb") as f:
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
         f.write(gzip.compress(c.finish(), compresslevel=6))
-    os.replace(out + ".tmp", out)
+    os.replace(tmp, out)
     print(f"initramfs {out}: {len(libs)} libraries, {len(order)} modules", file=sys.stderr)
 
 

@@ -14,6 +14,7 @@
 #   GUEST_TIMEOUT  seconds before the guest is killed (default 300)
 #   GUEST_MEM      guest memory in MiB (default 1024)
 #   GUEST_SMP      guest CPUs (default 1)
+#   GUEST_ACCEL    qemu accelerator (default tcg; kvm where /dev/kvm works)
 set -euo pipefail
 GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$GUEST_DIR/../.." && pwd)
@@ -29,7 +30,10 @@ for kv in "$@"; do [[ $kv == [A-Za-z_]*=* ]] || die "not NAME=VALUE: $kv"; done
 t0=$(date +%s.%N)
 dt() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-# 1. Packages (cached after the first run).
+# 1. Packages (cached after the first run). One fetch or build at a time per cache.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/lock"
+flock 9
 bash "$GUEST_DIR/fetch.sh" >/dev/null || die "could not fetch the guest packages (see above)"
 t1=$(date +%s.%N)
 SYS=$CACHE/sysroot
@@ -46,6 +50,7 @@ if [ ! -f "$base" ] || [ "$CACHE/fetched.stamp" -nt "$base" ] ||
     python3 "$GUEST_DIR/mkinitramfs.py" "$CACHE" "$kver" "$GUEST_DIR/init" "$base" ||
         die "initramfs build failed"
 fi
+flock -u 9
 t2=$(date +%s.%N)
 
 # 3. The test archive: the script and its environment.
@@ -65,6 +70,9 @@ cat "$base" "$run/test.cpio.gz" > "$run/initrd"
 # firmware come from the sysroot.
 qemu=$SYS/usr/bin/qemu-system-x86_64
 [ -x "$qemu" ] || die "no $qemu in the cache"
+# Default logs: the newest 20 are kept.
+find "$CACHE/logs" -maxdepth 1 -name 'guest-*.log' -printf '%T@ %p\n' | sort -rn |
+    tail -n +20 | cut -d' ' -f2- | xargs -r rm -f
 log=${GUEST_LOG:-$CACHE/logs/guest-$(date +%Y%m%d-%H%M%S)-$$.log}
 : > "$log"
 export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:$SYS/lib/x86_64-linux-gnu
@@ -73,7 +81,7 @@ echo "guest: booting $kver (log $log)" >&2
 rc=0
 timeout -k 5 "${GUEST_TIMEOUT:-300}" "$qemu" \
     -L "$SYS/usr/share/qemu" -L "$SYS/usr/share/seabios" -L "$SYS/usr/lib/ipxe/qemu" \
-    -accel tcg -cpu max -m "${GUEST_MEM:-1024}" -smp "${GUEST_SMP:-1}" \
+    -accel "${GUEST_ACCEL:-tcg}" -cpu max -m "${GUEST_MEM:-1024}" -smp "${GUEST_SMP:-1}" \
     -nodefaults -nographic -no-reboot -serial "file:$log" -monitor none \
     -kernel "$kernel" -initrd "$run/initrd" \
     -append "console=ttyS0 panic=-1 quiet" \
