@@ -115,32 +115,41 @@ impl Inner {
             }
         }
         let in_service = self.drives.get(d).and_then(|s| s.usable()).is_some();
-        let (desc, j) = self.find_stripe(d, offset)?;
-        if in_service {
-            // Rot or a read error on a member in service: repair the segment later
-            // (`Pool::repair_pending`), not just this read.
-            self.needs_repair.lock().insert(desc.segment);
-        }
-        let (desc, j, shards) = match self.read_stripe(&desc, Some(d)) {
-            Ok(s) => (desc, j, s),
-            Err(_) => {
-                // A cached scan may be older than the segment's contents: rescan once.
-                self.seg_index.lock().remove(&desc.segment);
-                let (desc, j) = self.find_stripe(d, offset)?;
-                let s = self.read_stripe(&desc, Some(d))?;
-                (desc, j, s)
+        // A cached scan of the segment may predate the stripe that holds the block now (the
+        // segment was reused, and a stale chunk of its previous use covers the same place):
+        // rescan once when the stripe cannot be read or does not hold the block.
+        let mut last_err = None;
+        for rescan in [false, true] {
+            if rescan {
+                let seg = crate::layout::SegmentTable::segment_of(&self.geo, offset);
+                self.seg_index.lock().remove(&seg);
             }
-        };
-        let at = (offset - desc.chunks[j].data_offset()) as usize;
-        let stored = &shards[j][at..at + len];
-        if !entry.tag_matches(crate::crc::checksum(stored)) {
-            return Err(Error::Unavailable(format!(
-                "block at drive {d} offset {offset} fails its CRC after reconstruction"
-            )));
+            let (desc, j) = self.find_stripe(d, offset)?;
+            if in_service {
+                // Rot or a read error on a member in service: repair the segment later
+                // (`Pool::repair_pending`), not just this read.
+                self.needs_repair.lock().insert(desc.segment);
+            }
+            let shards = match self.read_stripe(&desc, Some(d)) {
+                Ok(s) => s,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            let at = (offset - desc.chunks[j].data_offset()) as usize;
+            let stored = &shards[j][at..at + len];
+            if !entry.tag_matches(crate::crc::checksum(stored)) {
+                last_err = Some(Error::Unavailable(format!(
+                    "block at drive {d} offset {offset} fails its CRC after reconstruction"
+                )));
+                continue;
+            }
+            compress::decode(stored, out)?;
+            Stats::add(&self.stats.degraded_reads, 1);
+            return Ok(());
         }
-        compress::decode(stored, out)?;
-        Stats::add(&self.stats.degraded_reads, 1);
-        Ok(())
+        Err(last_err.expect("an attempt failed"))
     }
 
     /// Reads a stripe's chunks (each zero-extended to the parity length), treating read

@@ -1869,6 +1869,21 @@ fn known_failing_seeds() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// Finding 12: a degraded read found its block's stripe through a cached scan of the segment
+/// taken before the segment was reused up to that place; a stale chunk of the segment's
+/// previous use covered the same bytes, its stripe reconstructed cleanly from the other
+/// drives' stale chunks, and the block failed its CRC tag: "fails its CRC after
+/// reconstruction" for a block that was intact. Seed 1469 (found when the DST started
+/// presenting foreign and stale drives, which changed every seed's history) fails on the engine
+/// of the session before as well; the read path now rescans once when the reconstructed block
+/// does not match.
+#[test]
+fn stale_cached_scan_after_segment_reuse() {
+    if let Err(e) = run_seed(1469, 160, false) {
+        panic!("{e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 5 findings: each a small deterministic reproduction of what the DST found.
 
