@@ -95,13 +95,22 @@ for victim in 0 2 4; do
 done
 done
 
+# new_loop_pool N [SERVE ARGS...]: a fresh data dir, N new loop devices (DEVS), a pool made of
+# them by `serve` with 32 MiB of src.img written through nbdcopy; the server is stopped.
+new_loop_pool() {
+    local n=$1 i; shift
+    rm -rf "$DATA"; DEVS=()
+    for i in $(seq 0 $((n - 1))); do
+        truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"; attach "$WORK/b$i.img"
+    done
+    DRIVE_ARGS=(); for l in "${DEVS[@]}"; do DRIVE_ARGS+=(--drive "$l"); done
+    SERVER_CMD="$FP serve --volume-size 96M $* ${DRIVE_ARGS[*]}" start_server
+    nbdcopy "$WORK/src.img" "$URI_UNIX"
+    stop_server
+}
+
 # --- 2. devices move between names ---
-rm -rf "$DATA"; DEVS=()
-for i in 0 1 2 3 4; do truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"; attach "$WORK/b$i.img"; done
-DRIVE_ARGS=(); for l in "${DEVS[@]}"; do DRIVE_ARGS+=(--drive "$l"); done
-SERVER_CMD="$FP serve --volume-size 96M ${DRIVE_ARGS[*]}" start_server
-nbdcopy "$WORK/src.img" "$URI_UNIX"
-stop_server
+new_loop_pool 5
 for l in "${DEVS[@]}"; do detach "$l"; done
 # A spare device first, then the members in reverse order: every name now points elsewhere.
 DEVS=(); truncate -s 64M "$WORK/spare.img"; attach "$WORK/spare.img"
@@ -113,12 +122,7 @@ stop_server
 detach_all
 
 # --- 3. two missing: 4+2 serves, 4+1 refuses until one is back ---
-rm -rf "$DATA"; DEVS=()
-for i in 0 1 2 3 4 5; do truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"; attach "$WORK/b$i.img"; done
-DRIVE_ARGS=(); for l in "${DEVS[@]}"; do DRIVE_ARGS+=(--drive "$l"); done
-SERVER_CMD="$FP serve --ec 4+2 --volume-size 96M ${DRIVE_ARGS[*]}" start_server
-nbdcopy "$WORK/src.img" "$URI_UNIX"
-stop_server
+new_loop_pool 6 --ec 4+2
 detach "${DEVS[1]}"; detach "${DEVS[4]}"
 SERVER_CMD="$FP serve" start_server
 json | pyq "p=v['protection']; assert p['members_down']==2 and p['failures_tolerated']==0, p; print('4+2:', p['summary'])"
@@ -126,12 +130,7 @@ same_data || die "4+2 with two members gone: data differs"
 stop_server
 detach_all
 
-rm -rf "$DATA"; DEVS=()
-for i in 0 1 2 3 4; do truncate -s 0 "$WORK/b$i.img"; truncate -s 192M "$WORK/b$i.img"; attach "$WORK/b$i.img"; done
-DRIVE_ARGS=(); for l in "${DEVS[@]}"; do DRIVE_ARGS+=(--drive "$l"); done
-SERVER_CMD="$FP serve --volume-size 96M ${DRIVE_ARGS[*]}" start_server
-nbdcopy "$WORK/src.img" "$URI_UNIX"
-stop_server
+new_loop_pool 5
 detach "${DEVS[0]}"; detach "${DEVS[3]}"
 if "$FP" serve --data "$DATA" --listen "127.0.0.1:$PORT" > "$WORK/refused.log" 2>&1; then die "4+1 with two members gone was not refused"; fi
 grep -q "2 of 5 members missing" "$WORK/refused.log" || { cat "$WORK/refused.log"; die "refusal does not count the missing"; }

@@ -72,20 +72,8 @@ impl Inner {
             return Ok(self.rebuild_status.lock().clone());
         }
         let _one_rebuild = self.rebuild_lock.lock();
-        // Close the open segments so their data can be relocated too. Sealing the open stripes
-        // and closing their segments is one step under the writer lock: a writer that opened a
-        // stripe in between would later seal it into a segment no longer open (the panic
-        // "advance without an open segment" of `drive remove` under load).
-        let sealed = {
-            let mut w = self.writer.lock();
-            let sealed = self.seal_all(&mut w);
-            w.segs.close(Stream::Data);
-            w.segs.close(Stream::Gc);
-            sealed
-        };
-        for s in sealed {
-            self.write_stripe(s)?;
-        }
+        // Close the open segments so their data can be relocated too.
+        self.close_open_segments()?;
         let victims: Vec<u32> = {
             let w = self.writer.lock();
             (0..w.segs.states.len())
@@ -164,14 +152,12 @@ impl Inner {
 }
 
 impl Inner {
-    /// Moves the live data of `segments` (those still holding data) into new stripes on the
-    /// members in service, then checkpoints so the emptied segments are free and no
-    /// checkpoint refers to their stripes.
-    pub(crate) fn relocate_segments(
-        &self,
-        segments: &std::collections::BTreeSet<u32>,
-    ) -> Result<()> {
-        let _one_rebuild = self.rebuild_lock.lock();
+    /// Seals the open stripes of the data and GC streams, closes their segments (so their
+    /// data can be moved like any other) and writes the sealed stripes. Sealing and closing
+    /// are one step under the writer lock: a writer that opened a stripe in between would
+    /// later seal it into a segment no longer open (the panic "advance without an open
+    /// segment" of `drive remove` under load).
+    fn close_open_segments(&self) -> Result<()> {
         let sealed = {
             let mut w = self.writer.lock();
             let sealed = self.seal_all(&mut w);
@@ -182,6 +168,18 @@ impl Inner {
         for s in sealed {
             self.write_stripe(s)?;
         }
+        Ok(())
+    }
+
+    /// Moves the live data of `segments` (those still holding data) into new stripes on the
+    /// members in service, then checkpoints so the emptied segments are free and no
+    /// checkpoint refers to their stripes.
+    pub(crate) fn relocate_segments(
+        &self,
+        segments: &std::collections::BTreeSet<u32>,
+    ) -> Result<()> {
+        let _one_rebuild = self.rebuild_lock.lock();
+        self.close_open_segments()?;
         for &seg in segments {
             let (low, holds) = {
                 let w = self.writer.lock();
