@@ -32,6 +32,7 @@ grep -q "parity covers 1" "$WORK/second.err" || { cat "$WORK/second.err"; die "r
 grep -E "drive +0: failed .*out of service since .*failed by request" "$WORK/st1.txt" || { cat "$WORK/st1.txt"; die "status does not say when and why drive 0 failed"; }
 grep -q "protection: 4+1, one member down: no further failure tolerated" "$WORK/st1.txt" || { cat "$WORK/st1.txt"; die "protection line"; }
 grep -q "rebuild: needed, not started yet" "$WORK/st1.txt" || { cat "$WORK/st1.txt"; die "rebuild line"; }
+grep -Eq "write amplification over the last [0-9]+ s: [1-9]" "$WORK/st1.txt" || { cat "$WORK/st1.txt"; die "no write amplification over a recent window"; }
 wait "$FIO" || die "fio failed while a member was failed"
 no_verify_errors "$WORK/w1.out"
 kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=

@@ -44,7 +44,11 @@ pub fn protection(k: usize, m: usize, down: usize) -> String {
 }
 
 /// The pool's state as JSON; `dir`, when given, names where missing members were last seen.
-pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
+pub fn status_json(
+    pool: &Pool,
+    dir: Option<&Path>,
+    window: Option<&crate::wa_window::WaWindow>,
+) -> serde_json::Value {
     let record = dir.and_then(|d| {
         crate::datadir::record::MemberRecord::load(d)
             .ok()
@@ -112,6 +116,7 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
                 "padding": stats.media_padding_bytes as f64 / host,
             })
         },
+        "write_amplification_window": window.map_or(serde_json::Value::Null, |w| w.json(&stats)),
         "rebuild": {
             "needed": pool.needs_rebuild(), "running": rb.running,
             "state": if rb.running { "running" } else if !pool.needs_rebuild() { "idle" }
@@ -128,7 +133,12 @@ pub fn status_json(pool: &Pool, dir: Option<&Path>) -> serde_json::Value {
     })
 }
 
-fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
+fn answer(
+    pool: &Pool,
+    dir: &Path,
+    window: &crate::wa_window::WaWindow,
+    line: &str,
+) -> serde_json::Value {
     let words: Vec<&str> = line.split_whitespace().collect();
     let number = |w: Option<&&str>, what: &str| -> Result<usize> {
         w.with_context(|| format!("missing {what}"))?
@@ -146,7 +156,7 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
         (!p.is_empty()).then(|| PathBuf::from(p))
     };
     let result: Result<serde_json::Value> = match words.first().copied() {
-        Some("status") => Ok(status_json(pool, Some(dir))),
+        Some("status") => Ok(status_json(pool, Some(dir), Some(window))),
         Some("fail") => number(words.get(1), "drive index").and_then(|i| {
             if words.get(2) == Some(&"force") {
                 pool.force_fail_drive(i)?;
@@ -214,7 +224,11 @@ fn answer(pool: &Pool, dir: &Path, line: &str) -> serde_json::Value {
 }
 
 /// Serves the admin socket until `stop` is set (checked between connections).
-pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
+pub fn spawn(
+    dir: &Path,
+    pool: Arc<Pool>,
+    window: Arc<crate::wa_window::WaWindow>,
+) -> Result<PathBuf> {
     let path = socket_path(dir);
     let _ = std::fs::remove_file(&path); // the data dir lock says no other server owns it
     let listener =
@@ -233,10 +247,11 @@ pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
                     continue;
                 }
                 let (pool, dir, busy) = (pool.clone(), dir.clone(), busy.clone());
+                let window = window.clone();
                 let spawned = std::thread::Builder::new()
                     .name("admin-conn".into())
                     .spawn(move || {
-                        serve_one(&pool, &dir, conn);
+                        serve_one(&pool, &dir, &window, conn);
                         busy.fetch_sub(1, Ordering::SeqCst);
                     });
                 if spawned.is_err() {
@@ -248,7 +263,7 @@ pub fn spawn(dir: &Path, pool: Arc<Pool>) -> Result<PathBuf> {
 }
 
 /// Reads one command from `conn` and answers it.
-fn serve_one(pool: &Pool, dir: &Path, conn: UnixStream) {
+fn serve_one(pool: &Pool, dir: &Path, window: &crate::wa_window::WaWindow, conn: UnixStream) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
     // At most 4 KiB of command (a path included): anything longer is not one of ours.
@@ -258,7 +273,7 @@ fn serve_one(pool: &Pool, dir: &Path, conn: UnixStream) {
     {
         return;
     }
-    let reply = answer(pool, dir, line.trim());
+    let reply = answer(pool, dir, window, line.trim());
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
 }
 

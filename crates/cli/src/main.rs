@@ -17,6 +17,7 @@ mod sim;
 mod size;
 mod status;
 mod volume;
+mod wa_window;
 
 use clap::{Parser, Subcommand};
 

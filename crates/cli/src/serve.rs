@@ -135,7 +135,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cleaner = spawn_cleaner(pool.clone(), stop_cleaner.clone(), a.rebuild_delay);
+    let window = Arc::new(crate::wa_window::WaWindow::default());
+    let cleaner = spawn_cleaner(
+        pool.clone(),
+        stop_cleaner.clone(),
+        a.rebuild_delay,
+        window.clone(),
+    );
     if a.scrub_interval_hours > 0 {
         spawn_scrubber(
             pool.clone(),
@@ -144,7 +150,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     if !a.memory {
-        let path = crate::admin::spawn(&dd_dir, pool.clone())?;
+        let path = crate::admin::spawn(&dd_dir, pool.clone(), window.clone())?;
         tracing::info!(socket = %path.display(), "admin socket");
     }
     let config = Config {
@@ -215,6 +221,7 @@ fn spawn_cleaner(
     pool: Arc<flashpool_engine::Pool>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     rebuild_delay: u64,
+    window: Arc<crate::wa_window::WaWindow>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("cleaner".into())
@@ -224,7 +231,12 @@ fn spawn_cleaner(
             // to 10 minutes: retried, never silently; status shows the failure meanwhile).
             let mut retry_at: Option<std::time::Instant> = None;
             let mut backoff = std::time::Duration::from_secs(10);
+            let mut last_sample: Option<std::time::Instant> = None;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if last_sample.is_none_or(|t| t.elapsed().as_secs() >= 10) {
+                    window.sample(pool.stats());
+                    last_sample = Some(std::time::Instant::now());
+                }
                 for d in pool.readmit_healthy_drives() {
                     tracing::info!(drive = d, "drive healthy again: back in service");
                 }

@@ -25,7 +25,7 @@ pub fn run(a: StatusArgs) -> Result<()> {
         admin::request(&a.data, "status")?
     } else {
         let dd = datadir::open_read_only(&a.data)?;
-        admin::status_json(&dd.pool, Some(&dd.dir))
+        admin::status_json(&dd.pool, Some(&dd.dir), None)
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -95,6 +95,22 @@ pub fn run(a: StatusArgs) -> Result<()> {
             w["parity"].as_f64().unwrap_or(0.0),
             w["metadata"].as_f64().unwrap_or(0.0),
             w["padding"].as_f64().unwrap_or(0.0)
+        );
+    }
+    let ww = &v["write_amplification_window"];
+    if let Some(t) = ww["total"].as_f64() {
+        println!(
+            "write amplification over the last {} s: {t:.3} (GC {:.3}, parity {:.3}, metadata {:.3}, padding {:.3})",
+            ww["seconds"],
+            ww["gc"].as_f64().unwrap_or(0.0),
+            ww["parity"].as_f64().unwrap_or(0.0),
+            ww["metadata"].as_f64().unwrap_or(0.0),
+            ww["padding"].as_f64().unwrap_or(0.0)
+        );
+    } else if !ww.is_null() {
+        println!(
+            "write amplification over the last {} s: no host writes",
+            ww["seconds"]
         );
     }
     for vol in v["volumes"].as_array().into_iter().flatten() {

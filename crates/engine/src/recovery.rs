@@ -436,14 +436,21 @@ impl Inner {
     fn recount_live(&self) {
         let t = self.volumes.read();
         for v in t.by_id.values() {
+            // The volume's compression ratio starts from the data it holds (whole blocks
+            // against what they take stored), so it survives restarts.
+            let (mut logical, mut stored) = (0u64, 0u64);
             v.map.for_each_run(|_, entries| {
                 for e in entries {
                     if let Some(Entry::Media { offset, len, .. }) = Entry::decode(*e) {
                         let s = SegmentTable::segment_of(&self.geo, offset) as usize;
                         self.live[s].fetch_add(len as u64, Ordering::Relaxed);
+                        logical += BLOCK as u64;
+                        stored += len as u64;
                     }
                 }
             });
+            v.logical_written.add(logical);
+            v.stored_written.add(stored);
         }
         for (s, written) in self.written_slots.iter().enumerate() {
             let (written, live) = (

@@ -48,8 +48,9 @@ pub struct VolumeInfo {
     pub map_bytes: u64,
     /// Compression setting.
     pub compression: Compression,
-    /// Logical bytes written over stored bytes, for whole blocks written so far (1.0 when
-    /// nothing compressed).
+    /// Logical bytes over stored bytes: of the data the volume held when the pool was opened
+    /// plus the whole blocks written since (1.0 when nothing compressed), so it survives
+    /// restarts.
     pub compression_ratio: f64,
 }
 

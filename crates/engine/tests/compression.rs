@@ -133,3 +133,27 @@ fn cleaner_moves_packed_blocks_and_setting_changes_persist() {
         assert!(b == want, "block {l}");
     }
 }
+
+/// The compression ratio a volume reports survives a restart: after a reopen it is the ratio
+/// of the data the volume holds (it used to start again at 1.00).
+#[test]
+fn compression_ratio_survives_a_reopen() {
+    let mems = mem_drives(5, false);
+    let pool = Pool::create(as_refs(&mems), &small_config(4, 1)).unwrap();
+    pool.create_volume_with("v", 4 << 20, Compression::Lz4)
+        .unwrap();
+    let vol = pool.volume("v").unwrap();
+    for i in 0..512u64 {
+        vol.write(i * 4096, &compressible(i)).unwrap();
+    }
+    pool.close().unwrap();
+    let before = pool.volumes()[0].compression_ratio;
+    assert!(before > 1.5, "lz4 on text-like blocks: {before}");
+    drop((vol, pool));
+    let pool = Pool::open(as_refs(&mems)).unwrap();
+    let after = pool.volumes()[0].compression_ratio;
+    assert!(
+        (after - before).abs() / before < 0.05,
+        "ratio {before:.2} before the reopen, {after:.2} after"
+    );
+}
