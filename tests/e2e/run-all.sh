@@ -48,6 +48,7 @@ CHECKS=(
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"
     "faults-under-load:check-faults.sh"
+    "fill-and-lose-a-member:check-fill.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
 )

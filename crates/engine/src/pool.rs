@@ -527,16 +527,19 @@ impl Inner {
     }
 
     /// Data bytes one segment holds when spread over `drives` members at `w` data chunks per
-    /// stripe (chunk headers excluded).
+    /// stripe. A chunk takes its data plus a header: one block, and the stripe's records on
+    /// m + 1 of its chunks (a record per block written, 24 bytes); three blocks cover that for
+    /// full stripes even at 2:1 compression, while the worst-case room `chunk_need` reserves
+    /// (a flush of a nearly empty stripe of tiny compressed blocks) would understate a full
+    /// pool's capacity by a fifth.
     fn segment_data(&self, drives: usize, w: usize) -> u64 {
         let m = self.geo.m as usize;
         if w == 0 {
             return 0;
         }
-        (self.geo.segment_size / self.shape.chunk_need())
-            * self.geo.chunk_size as u64
-            * drives as u64
-            * w as u64
+        let footprint = (self.geo.chunk_size as u64 + 3 * crate::format::BLOCK as u64)
+            .min(self.shape.chunk_need());
+        (self.geo.segment_size / footprint) * self.geo.chunk_size as u64 * drives as u64 * w as u64
             / (w + m) as u64
     }
 

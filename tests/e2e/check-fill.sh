@@ -1,0 +1,48 @@
+#!/bin/bash
+# A pool filled to 60, 75 and 90 % of its stated capacity loses a member (flashpool only):
+# with the rebuild reserve (the default) the server either takes the data and then rebuilds to
+# full protection, or refused host writes (ENOSPC) before eating the room a rebuild needs and
+# still rebuilds; every byte acknowledged before is read back after the rebuild. Then the
+# same 90 % fill with --rebuild-reserve off shows why the reserve exists: the rebuild cannot
+# finish, and status says so instead of claiming progress.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: fill checks need flashpool serve"; exit 0; fi
+new_workdir; trap cleanup EXIT
+FP="$TARGET/release/flashpool"
+json() { "$FP" status --data "$DATA" --json; }
+for pct in 60 75 90; do
+    rm -rf "$DATA"
+    SERVER_CMD="$FP serve --rebuild-delay 1 --drive-size 256M --volume-size 1G" start_server
+    cap=$(json | $PY -c "import json,sys; print(json.load(sys.stdin)['pool']['capacity_bytes'])")
+    target=$(( cap * pct / 100 ))
+    $PY "$E2E_DIR/fill.py" "$URI_UNIX" write "$target" "$WORK/fill.state" | tee "$WORK/fill.out"
+    "$FP" drive --data "$DATA" fail 1
+    for _ in $(seq 1 600); do
+        st=$(json | $PY -c "import json,sys; r=json.load(sys.stdin)['rebuild']; print(r['state'])")
+        [ "$st" = idle ] && break
+        sleep 0.2
+    done
+    json | $PY -c "
+import json,sys
+v=json.load(sys.stdin); p=v['protection']; r=v['rebuild']
+assert r['state']=='idle' and p['members_down']==0 and p['failures_tolerated']==1, (r, p)
+print('$pct %: rebuilt to', p['summary'])"
+    $PY "$E2E_DIR/fill.py" "$URI_UNIX" verify "$WORK/fill.state" || die "$pct %: data lost"
+    stop_server
+done
+# Without the reserve a 90 % pool cannot rebuild: the failure shows in status, not a fake 100 %.
+rm -rf "$DATA"
+SERVER_CMD="$FP serve --rebuild-delay 1 --rebuild-reserve off --drive-size 256M --volume-size 1G" start_server
+cap=$(json | $PY -c "import json,sys; print(json.load(sys.stdin)['pool']['capacity_bytes'])")
+$PY "$E2E_DIR/fill.py" "$URI_UNIX" write $(( cap * 90 / 100 )) "$WORK/fill.state"
+"$FP" drive --data "$DATA" fail 1
+for _ in $(seq 1 300); do
+    st=$(json | $PY -c "import json,sys; print(json.load(sys.stdin)['rebuild']['state'])")
+    [ "$st" = failed ] && break
+    sleep 0.2
+done
+"$FP" status --data "$DATA" | grep "rebuild: FAILED" || die "a rebuild that cannot finish is not shown as failed"
+$PY "$E2E_DIR/fill.py" "$URI_UNIX" verify "$WORK/fill.state" || die "data lost while degraded"
+stop_server
+echo "fills at 60/75/90 % rebuild to full protection with the reserve; without it the failure is shown"
