@@ -49,6 +49,7 @@ CHECKS=(
     "members-loop-devices:check-members.sh"
     "faults-under-load:check-faults.sh"
     "fill-and-lose-a-member:check-fill.sh"
+    "host-filesystem-full:check-hostfull.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
 )

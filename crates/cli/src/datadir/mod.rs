@@ -473,7 +473,13 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
     if req.drives.is_empty() {
         let total = shape.drive_size.saturating_mul(n as u64);
         if let Some(free) = free_bytes(dir) {
-            if free < total {
+            if free < total && shape.sparse {
+                tracing::warn!(
+                    free_mib = free >> 20,
+                    drives_mib = total >> 20,
+                    "sparse drive files larger than the filesystem: writes get ENOSPC once it fills"
+                );
+            } else if free < total {
                 bail!(
                     "{} has {} MiB free, the pool's drives would take up to {} MiB: use a smaller --drive-size",
                     dir.display(),

@@ -1,0 +1,35 @@
+#!/bin/bash
+# The filesystem under the drive files fills up (a small tmpfs; flashpool only, as root):
+#  1. without --sparse, a pool larger than the filesystem is refused at creation (drive files
+#     are allocated up front, so the host filesystem can never fill under the pool);
+#  2. with --sparse, writes past what the filesystem holds get ENOSPC from the server, no
+#     member is marked failed, and every block acknowledged and flushed before reads back.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: host-full checks need flashpool serve"; exit 0; fi
+[ "$(id -u)" = 0 ] || skip "mounting a tmpfs needs root"
+new_workdir
+SMALL="$WORK/small"
+mkdir -p "$SMALL"
+mount -t tmpfs -o size=96M tmpfs "$SMALL" || skip "cannot mount a tmpfs here"
+trap 'cleanup_small' EXIT
+cleanup_small() { cleanup_server; umount "$SMALL" 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup_server() { if [ -n "${SERVER_PID:-}" ]; then kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=; fi; }
+FP="$TARGET/release/flashpool"
+DATA="$SMALL/data"
+if "$FP" serve --data "$DATA" --listen "127.0.0.1:$PORT" --drive-size 64M --volume-size 256M 2> "$WORK/refused.err"; then
+    die "a pool of 5 x 64 MiB allocated drives was created on a 96 MiB filesystem"
+fi
+grep -q "MiB free" "$WORK/refused.err" || { cat "$WORK/refused.err"; die "the refusal does not say why"; }
+[ -z "$(ls -A "$DATA/drives" 2>/dev/null)" ] || die "a refused creation left drive files"
+rm -rf "$DATA"
+SERVER_CMD="$FP serve --sparse --rebuild-reserve off --drive-size 64M --volume-size 256M" start_server
+$PY "$E2E_DIR/fill.py" "$URI_UNIX" write $((256 << 20)) "$WORK/fill.state" | tee "$WORK/fill.out"
+grep -q "ENOSPC: True" "$WORK/fill.out" || die "the server never answered ENOSPC on a full filesystem"
+"$FP" status --data "$DATA" --json | $PY -c "
+import json,sys
+d=json.load(sys.stdin)['drives']
+assert all(x['state']=='active' for x in d), d
+print('host filesystem full: ENOSPC to the client, all', len(d), 'members still active')"
+$PY "$E2E_DIR/fill.py" "$URI_UNIX" verify "$WORK/fill.state" || die "acknowledged data lost when the filesystem filled"
+echo "full host filesystem: creation refused when allocated; sparse pool answers ENOSPC, fails no member"
