@@ -1,0 +1,103 @@
+//! nvmet-mem: serve sparse RAM namespaces over NVMe/TCP, for tests (the
+//! kernel initiator check, tests/e2e/check-kernel-nvme.sh) before the target
+//! is wired into `flashpool serve`.
+//!
+//! Flags: `--listen HOST:PORT` (default 127.0.0.1:4420), `--nqn NQN` (default
+//! nqn.2024-01.io.flashpool:mem), `--size SIZE` per namespace (default 256M),
+//! `--namespaces N` (default 1), `--block-size 512|4096` (default 4096).
+//! Prints `nvme-tcp://ADDR/NQN` once listening; stops on SIGINT/SIGTERM.
+//! NVMET_LOG sets the tracing filter (e.g. NVMET_LOG=debug).
+
+use std::sync::Arc;
+
+use flashpool_nvmet::{MemNamespace, Server, Subsystem, TargetConfig};
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("bad size '{s}'"))
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("nvmet-mem: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut listen = "127.0.0.1:4420".to_string();
+    let mut nqn = "nqn.2024-01.io.flashpool:mem".to_string();
+    let mut size = 256u64 << 20;
+    let mut count = 1u32;
+    let mut bs = 4096u32;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |n: &str| it.next().ok_or_else(|| format!("{n} needs a value"));
+        match arg.as_str() {
+            "--listen" => listen = val("--listen")?,
+            "--nqn" => nqn = val("--nqn")?,
+            "--size" => size = parse_size(&val("--size")?)?,
+            "--namespaces" => {
+                count = val("--namespaces")?
+                    .parse()
+                    .map_err(|_| "bad --namespaces")?
+            }
+            "--block-size" => {
+                bs = val("--block-size")?
+                    .parse()
+                    .map_err(|_| "bad --block-size")?;
+                if bs != 512 && bs != 4096 {
+                    return Err("--block-size must be 512 or 4096".into());
+                }
+            }
+            "-h" | "--help" => {
+                println!("usage: nvmet-mem [--listen HOST:PORT] [--nqn NQN] [--size SIZE] [--namespaces N] [--block-size 512|4096]");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument '{other}'").into()),
+        }
+    }
+    if std::env::var_os("NVMET_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("NVMET_LOG"))
+            .init();
+    }
+    let mut sub = Subsystem::new(nqn.clone(), "nvmet-mem");
+    for i in 1..=count {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(b"nvmetmem");
+        id[12..].copy_from_slice(&i.to_be_bytes());
+        sub.add_namespace(i, Arc::new(MemNamespace::new(size, bs, id)));
+    }
+    let config = TargetConfig {
+        subsystems: vec![sub],
+        traddr: String::new(),
+        trsvcid: String::new(),
+    };
+    let server = Server::bind(listen.as_str(), config)?;
+    let stop = server.shutdown_handle();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.shutdown();
+        }
+    });
+    println!("nvme-tcp://{}/{nqn}", server.local_addr()?);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    server.run()?;
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! Subsystems, the target and its controllers (dynamic controller model).
+//!
+//! A [`Target`] holds the NVM subsystems it serves (one per pool, one
+//! namespace per volume) and the registry of live controllers. An admin queue
+//! Connect with CNTLID 0xFFFF creates a [`Controller`] with a fresh controller
+//! ID; I/O queue Connects name that ID. A controller holds the registers the
+//! host reads and writes with Property Get/Set (CAP, VS, CC, CSTS), the
+//! features it set, and its keep-alive deadline: any command on any of its
+//! queues counts as keep-alive traffic, and once KATO passes without any the
+//! controller is marked dead and every queue connection of it closes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::namespace::Namespace;
+
+/// The well-known discovery subsystem NQN.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// Queue entries per queue (CAP.MQES + 1) and commands in flight per queue (MAXCMD).
+pub const QUEUE_SIZE: u16 = 128;
+/// Most I/O queues a controller grants.
+pub const MAX_IO_QUEUES: u16 = 64;
+/// MDTS as a power of two of 4 KiB pages: 2^8 * 4 KiB = 1 MiB per command.
+pub const MDTS: u8 = 8;
+/// Largest data transfer of one command.
+pub const MAX_TRANSFER: u32 = 4096 << MDTS;
+/// In-capsule data a command capsule may carry (admin and I/O queues).
+pub const IN_CAPSULE_DATA: u32 = 8192;
+/// MAXH2CDATA: the largest H2CData PDU a host may send.
+pub const MAX_H2C_DATA: u32 = 128 * 1024;
+/// Keep Alive Support granularity (KAS), in 100 ms units.
+pub const KAS: u16 = 10;
+/// Async Event Request Limit (0's based): 4 outstanding.
+pub const AERL: u8 = 3;
+
+/// Register offsets.
+pub const REG_CAP: u32 = 0x00;
+pub const REG_VS: u32 = 0x08;
+pub const REG_CC: u32 = 0x14;
+pub const REG_CSTS: u32 = 0x1c;
+/// Version 1.3.0.
+pub const VERSION: u32 = 0x0001_0300;
+
+/// One NVM subsystem: an NQN and its namespaces by NSID.
+#[derive(Clone)]
+pub struct Subsystem {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    pub namespaces: BTreeMap<u32, Arc<dyn Namespace>>,
+}
+
+impl Subsystem {
+    pub fn new(nqn: impl Into<String>, serial: impl Into<String>) -> Subsystem {
+        Subsystem {
+            nqn: nqn.into(),
+            serial: serial.into(),
+            model: "flashpool".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            namespaces: BTreeMap::new(),
+        }
+    }
+    /// Add namespace `nsid` (1..=0xFFFFFFFE).
+    pub fn add_namespace(&mut self, nsid: u32, ns: Arc<dyn Namespace>) {
+        assert!(nsid != 0 && nsid != u32::MAX, "invalid NSID");
+        self.namespaces.insert(nsid, ns);
+    }
+}
+
+/// What a target serves.
+#[derive(Clone)]
+pub struct TargetConfig {
+    pub subsystems: Vec<Subsystem>,
+    /// Address reported in discovery log entries ("" = the connection's local address).
+    pub traddr: String,
+    /// Port reported in discovery log entries.
+    pub trsvcid: String,
+}
+
+/// The kind of subsystem a controller belongs to.
+#[derive(Clone)]
+pub enum CtrlKind {
+    Discovery,
+    Nvm(Arc<Subsystem>),
+}
+
+/// Mutable controller state behind a lock.
+#[derive(Debug, Default, Clone)]
+pub struct CtrlRegs {
+    pub cc: u32,
+    pub csts: u32,
+    /// I/O queues granted (Set Features Number of Queues), 0 until asked.
+    pub io_queues: u16,
+    pub aec: u32,
+    pub vwc: bool,
+    pub aers_outstanding: u32,
+}
+
+/// One controller (admin queue plus its I/O queues).
+pub struct Controller {
+    pub cntlid: u16,
+    pub kind: CtrlKind,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub regs: Mutex<CtrlRegs>,
+    /// Keep-alive timeout in ms (0: none).
+    pub kato_ms: AtomicU32,
+    /// Last traffic, ms since the target started.
+    last_seen_ms: AtomicU64,
+    dead: AtomicBool,
+    epoch: Instant,
+}
+
+impl Controller {
+    pub fn regs(&self) -> std::sync::MutexGuard<'_, CtrlRegs> {
+        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn subsystem(&self) -> Option<&Arc<Subsystem>> {
+        match &self.kind {
+            CtrlKind::Nvm(s) => Some(s),
+            CtrlKind::Discovery => None,
+        }
+    }
+    pub fn is_discovery(&self) -> bool {
+        matches!(self.kind, CtrlKind::Discovery)
+    }
+    /// CC.EN = 1 and CSTS.RDY = 1.
+    pub fn is_ready(&self) -> bool {
+        let r = self.regs();
+        r.cc & 1 == 1 && r.csts & 1 == 1
+    }
+    /// Record keep-alive traffic.
+    pub fn touch(&self) {
+        self.last_seen_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    /// Whether the controller is torn down (keep-alive expired or its admin queue went away).
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+    }
+    /// Check the keep-alive deadline; marks the controller dead when it passed.
+    pub fn check_keep_alive(&self) -> bool {
+        let kato = self.kato_ms.load(Ordering::Relaxed) as u64;
+        if kato == 0 || self.is_dead() {
+            return !self.is_dead();
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        if now.saturating_sub(self.last_seen_ms.load(Ordering::Relaxed)) > kato {
+            tracing::warn!(
+                cntlid = self.cntlid,
+                kato,
+                "keep-alive timeout: tearing the controller down"
+            );
+            self.kill();
+            return false;
+        }
+        true
+    }
+
+    /// CAP: MQES, CQR, TO = 7.5 s, CSS = NVM command set, MPSMIN = MPSMAX = 4 KiB.
+    pub fn cap() -> u64 {
+        (QUEUE_SIZE as u64 - 1) | 1 << 16 | 15 << 24 | 1 << 37
+    }
+
+    /// Property Get.
+    pub fn property_get(&self, offset: u32) -> Option<u64> {
+        let r = self.regs();
+        match offset {
+            REG_CAP => Some(Self::cap()),
+            REG_VS => Some(VERSION as u64),
+            REG_CC => Some(r.cc as u64),
+            REG_CSTS => Some(r.csts as u64),
+            _ => None,
+        }
+    }
+
+    /// Property Set: only CC is writable. Enabling checks the queue entry
+    /// sizes (IOSQES 6, IOCQES 4) and the command set; a bad value sets CSTS.CFS.
+    pub fn property_set(&self, offset: u32, value: u64) -> bool {
+        if offset != REG_CC {
+            return false;
+        }
+        let new = value as u32;
+        let mut r = self.regs();
+        let old = r.cc;
+        r.cc = new;
+        let en = new & 1 == 1;
+        if en && old & 1 == 0 {
+            let iosqes = (new >> 16) & 0xF;
+            let iocqes = (new >> 20) & 0xF;
+            let css = (new >> 4) & 7;
+            let mps = (new >> 7) & 0xF;
+            if (iosqes != 6 || iocqes != 4 || css != 0 || mps != 0) && !self.is_discovery() {
+                r.csts = 1 << 1; // CFS
+            } else {
+                r.csts = 1; // RDY
+            }
+        } else if !en && old & 1 == 1 {
+            r.csts = 0;
+        }
+        let shn = (new >> 14) & 3;
+        if shn != 0 {
+            r.csts = (r.csts & !(3 << 2)) | 2 << 2; // SHST: shutdown complete
+        } else {
+            r.csts &= !(3 << 2);
+        }
+        true
+    }
+}
+
+/// The target: subsystems and the live controllers.
+pub struct Target {
+    pub config: TargetConfig,
+    pub subsystems: Vec<Arc<Subsystem>>,
+    controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    next_cntlid: Mutex<u16>,
+    epoch: Instant,
+}
+
+/// Controller IDs 0xFFF0..=0xFFFF are reserved.
+const MAX_CNTLID: u16 = 0xFFEF;
+
+impl Target {
+    pub fn new(config: TargetConfig) -> Arc<Target> {
+        let subsystems = config.subsystems.iter().cloned().map(Arc::new).collect();
+        Arc::new(Target {
+            config,
+            subsystems,
+            controllers: Mutex::new(HashMap::new()),
+            next_cntlid: Mutex::new(1),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    fn ctrls(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<Controller>>> {
+        self.controllers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Create a controller with a fresh ID; `None` when all IDs are in use.
+    pub fn create_controller(
+        &self,
+        kind: CtrlKind,
+        hostnqn: String,
+        hostid: [u8; 16],
+        kato_ms: u32,
+    ) -> Option<Arc<Controller>> {
+        let mut map = self.ctrls();
+        let mut next = self.next_cntlid.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..MAX_CNTLID {
+            let id = *next;
+            *next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+            if map.contains_key(&id) {
+                continue;
+            }
+            let c = Arc::new(Controller {
+                cntlid: id,
+                kind,
+                hostnqn,
+                hostid,
+                regs: Mutex::new(CtrlRegs::default()),
+                kato_ms: AtomicU32::new(kato_ms),
+                last_seen_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
+                dead: AtomicBool::new(false),
+                epoch: self.epoch,
+            });
+            map.insert(id, c.clone());
+            return Some(c);
+        }
+        None
+    }
+
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        self.ctrls().get(&cntlid).filter(|c| !c.is_dead()).cloned()
+    }
+
+    /// Tear a controller down: its I/O queues close on their next check.
+    pub fn remove_controller(&self, cntlid: u16) {
+        if let Some(c) = self.ctrls().remove(&cntlid) {
+            c.kill();
+        }
+    }
+
+    /// Live controllers (tests, status).
+    pub fn controller_count(&self) -> usize {
+        self.ctrls().len()
+    }
+}

@@ -1,0 +1,34 @@
+//! flashpool's NVMe/TCP target (issue 17): NVMe over Fabrics on the TCP
+//! transport, serving the namespaces of one or more NVM subsystems through the
+//! small [`Namespace`] trait, plus a discovery controller on the same port.
+//!
+//! Layout, one job per file:
+//! - [`namespace`]: the storage interface (`Namespace`) and a RAM namespace.
+//! - [`pdu`]: NVMe/TCP PDU headers, the 64-byte command and the completion entry.
+//! - [`digest`]: CRC32C header and data digests.
+//! - [`status`]: NVMe completion status codes.
+//! - [`controller`]: subsystems, the target's controller registry, controller
+//!   registers (CAP, VS, CC, CSTS) and keep-alive.
+//! - [`fabrics`]: Fabrics commands (Connect, Property Get/Set, Disconnect).
+//! - [`admin`]: admin commands (Identify, features, log pages, keep alive, AER).
+//! - [`io`]: NVM I/O commands (Read, Write, Flush, Write Zeroes, DSM).
+//! - [`discovery`]: the discovery log page.
+//! - [`connection`]: one queue (one TCP connection): PDU framing, R2T/H2C
+//!   data transfer, dispatch.
+//! - [`server`]: the listener, thread-per-connection.
+
+pub mod admin;
+pub mod connection;
+pub mod controller;
+pub mod digest;
+pub mod discovery;
+pub mod fabrics;
+pub mod io;
+pub mod namespace;
+pub mod pdu;
+pub mod server;
+pub mod status;
+
+pub use controller::{Subsystem, Target, TargetConfig, DISCOVERY_NQN};
+pub use namespace::{MemNamespace, Namespace, NsError};
+pub use server::Server;

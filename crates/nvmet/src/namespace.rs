@@ -1,0 +1,169 @@
+//! The storage interface the NVMe/TCP target serves: [`Namespace`] (one NVMe
+//! namespace: fixed-size logical blocks of 512 or 4096 bytes) and
+//! [`MemNamespace`], a RAM namespace for tests and the example server. The
+//! target never depends on a concrete storage engine, only on this trait.
+
+use std::sync::Mutex;
+
+use thiserror::Error;
+
+/// A namespace operation failure; each maps onto one NVMe status.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NsError {
+    /// The LBA range lies (partly) past the end of the namespace.
+    #[error("LBA range out of bounds")]
+    OutOfRange,
+    /// The namespace cannot be written.
+    #[error("namespace is read-only")]
+    ReadOnly,
+    /// No space left to store the data (thin pool full).
+    #[error("no space left")]
+    NoSpace,
+    /// Any other failure.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// One NVMe namespace. Offsets and lengths are in logical blocks of
+/// [`Namespace::block_size`] bytes; buffers are whole blocks.
+pub trait Namespace: Send + Sync {
+    /// Logical block size in bytes: 512 or 4096.
+    fn block_size(&self) -> u32;
+    /// Capacity in logical blocks.
+    fn blocks(&self) -> u64;
+    /// A stable 16-byte identifier, reported as the namespace's NGUID and UUID.
+    fn uuid(&self) -> [u8; 16];
+    /// Read `buf.len() / block_size` blocks starting at `lba`.
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), NsError>;
+    /// Write whole blocks starting at `lba`; `fua`: durable before returning.
+    fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), NsError>;
+    /// Make every completed write durable.
+    fn flush(&self) -> Result<(), NsError>;
+    /// Deallocate (trim) `count` blocks; later reads return zeros.
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), NsError>;
+    /// Write zeros to `count` blocks.
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError>;
+}
+
+/// Check that `count` blocks from `lba` lie inside a namespace of `blocks` blocks.
+pub fn check_range(blocks: u64, lba: u64, count: u64) -> Result<(), NsError> {
+    match lba.checked_add(count) {
+        Some(end) if end <= blocks => Ok(()),
+        _ => Err(NsError::OutOfRange),
+    }
+}
+
+/// A sparse in-memory namespace: blocks never written (or deallocated) read as zeros.
+pub struct MemNamespace {
+    block_size: u32,
+    blocks: u64,
+    uuid: [u8; 16],
+    data: Mutex<std::collections::HashMap<u64, Box<[u8]>>>,
+}
+
+impl MemNamespace {
+    /// A namespace of `bytes` (rounded down to whole blocks) with blocks of
+    /// `block_size` (512 or 4096) bytes and identifier `uuid`.
+    pub fn new(bytes: u64, block_size: u32, uuid: [u8; 16]) -> MemNamespace {
+        assert!(
+            block_size == 512 || block_size == 4096,
+            "block size must be 512 or 4096"
+        );
+        MemNamespace {
+            block_size,
+            blocks: bytes / block_size as u64,
+            uuid,
+            data: Mutex::new(Default::default()),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Box<[u8]>>> {
+        // A panic while holding the lock cannot leave a half-written block map
+        // inconsistent in a way that matters to a RAM disk: recover the guard.
+        self.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check_buf(&self, lba: u64, len: usize) -> Result<u64, NsError> {
+        let bs = self.block_size as usize;
+        if !len.is_multiple_of(bs) {
+            return Err(NsError::Io("buffer is not whole blocks".into()));
+        }
+        let count = (len / bs) as u64;
+        check_range(self.blocks, lba, count)?;
+        Ok(count)
+    }
+}
+
+impl Namespace for MemNamespace {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn blocks(&self) -> u64 {
+        self.blocks
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), NsError> {
+        self.check_buf(lba, buf.len())?;
+        let bs = self.block_size as usize;
+        let map = self.map();
+        for (i, chunk) in buf.chunks_mut(bs).enumerate() {
+            match map.get(&(lba + i as u64)) {
+                Some(b) => chunk.copy_from_slice(b),
+                None => chunk.fill(0),
+            }
+        }
+        Ok(())
+    }
+    fn write(&self, lba: u64, data: &[u8], _fua: bool) -> Result<(), NsError> {
+        self.check_buf(lba, data.len())?;
+        let bs = self.block_size as usize;
+        let mut map = self.map();
+        for (i, chunk) in data.chunks(bs).enumerate() {
+            map.insert(lba + i as u64, chunk.into());
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), NsError> {
+        Ok(())
+    }
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        check_range(self.blocks, lba, count)?;
+        let mut map = self.map();
+        if count as usize > map.len() {
+            map.retain(|k, _| *k < lba || *k >= lba + count);
+        } else {
+            for b in lba..lba + count {
+                map.remove(&b);
+            }
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        self.deallocate(lba, count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_namespace_round_trip() {
+        let ns = MemNamespace::new(1 << 20, 4096, [7; 16]);
+        assert_eq!(ns.blocks(), 256);
+        let data = vec![0xAB; 8192];
+        ns.write(10, &data, false).unwrap();
+        let mut buf = vec![1; 12288];
+        ns.read(9, &mut buf).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0));
+        assert!(buf[4096..].iter().all(|&b| b == 0xAB));
+        ns.deallocate(11, 1).unwrap();
+        ns.read(11, &mut buf[..4096]).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0));
+        assert_eq!(ns.read(256, &mut buf[..4096]), Err(NsError::OutOfRange));
+        assert_eq!(ns.write_zeroes(255, 2), Err(NsError::OutOfRange));
+        assert_eq!(ns.deallocate(u64::MAX, 2), Err(NsError::OutOfRange));
+    }
+}

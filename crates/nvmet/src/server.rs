@@ -1,0 +1,105 @@
+//! The NVMe/TCP listener: accepts connections and serves each on its own
+//! thread ([`crate::connection::serve`]).
+//!
+//! Thread-per-connection, with each command run inline on its connection's
+//! thread: the Linux initiator opens one connection per queue (admin plus one
+//! I/O queue per CPU), so connections are few and this is simple and correct;
+//! many commands can still be in flight per queue and R2T writes complete out
+//! of order. What comes later: a worker pool per connection (or an event loop)
+//! so a slow namespace operation does not hold up the reads and writes queued
+//! behind it on the same queue, and zero-copy sends of C2HData.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::controller::{Target, TargetConfig};
+
+/// A handle that stops a running [`Server`].
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<AtomicBool>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// An NVMe/TCP target listening on one TCP port.
+pub struct Server {
+    listener: TcpListener,
+    target: Arc<Target>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Bind `addr` (e.g. "127.0.0.1:4420"). Discovery log entries report
+    /// this address unless `config.traddr` is set.
+    pub fn bind(addr: impl ToSocketAddrs, mut config: TargetConfig) -> io::Result<Server> {
+        let listener = TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        if config.trsvcid.is_empty() {
+            config.trsvcid = local.port().to_string();
+        }
+        if config.traddr.is_empty() && !local.ip().is_unspecified() {
+            config.traddr = local.ip().to_string();
+        }
+        listener.set_nonblocking(true)?;
+        Ok(Server {
+            listener,
+            target: Target::new(config),
+            shutdown: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shutdown.clone())
+    }
+
+    /// Accept and serve connections until shut down; then wait for the
+    /// connection threads (they notice within [`crate::connection::POLL_INTERVAL`]).
+    pub fn run(self) -> io::Result<()> {
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        while !self.shutdown.load(Ordering::Relaxed) {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    stream.set_nonblocking(false)?;
+                    tracing::debug!(%peer, "connection");
+                    let target = self.target.clone();
+                    let stop = self.shutdown.clone();
+                    threads.retain(|t| !t.is_finished());
+                    threads.push(
+                        std::thread::Builder::new()
+                            .name("nvmet-conn".into())
+                            .spawn(move || {
+                                crate::connection::serve(stream, target, stop);
+                            })?,
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        Ok(())
+    }
+}

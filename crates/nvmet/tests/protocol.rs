@@ -1,0 +1,549 @@
+//! Protocol tests against the NVMe/TCP target with the tiny Rust initiator in
+//! `common`: ICReq, Connect (admin and I/O queues), Property Get/Set (enable
+//! and shutdown handshakes), Identify, Get/Set Features, Get Log Page, the
+//! discovery log, Read/Write (in-capsule and R2T/H2CData)/Flush/Write
+//! Zeroes/DSM round trips, out-of-range LBAs, commands before Connect, bad
+//! PDUs and digests, pipelined commands completing out of order, keep-alive
+//! expiry and admin queue loss.
+
+mod common;
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use common::*;
+use flashpool_nvmet::connection::End;
+use flashpool_nvmet::pdu::{self, le16, le32, le64, Command};
+use flashpool_nvmet::status::Status;
+use flashpool_nvmet::{Target, DISCOVERY_NQN};
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    Rng(seed).fill(&mut v);
+    v
+}
+
+#[test]
+fn connect_identify_and_io_round_trip() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    assert!(cntlid >= 1);
+    let (s, cap) = a.prop_get(0x00, true);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(cap & 0xFFFF, 127, "MQES");
+    assert_ne!(cap & (1 << 37), 0, "CSS: NVM command set");
+    assert_eq!(a.prop_get(0x08, false), (Status::SUCCESS, 0x0001_0300));
+
+    let (s, id) = a.identify(1, 0);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(id.len(), 4096);
+    assert_eq!(le16(&id, 78), cntlid, "CNTLID matches Connect");
+    assert_ne!(le16(&id, 320), 0, "KAS");
+    assert!(le32(&id, 1792) >= 4, "IOCCSZ");
+    assert_eq!(le32(&id, 1796), 1, "IORCSZ");
+    assert_eq!(le16(&id, 1800), 0, "ICDOFF");
+    assert_ne!(le32(&id, 536) & 3, 0, "SGLs supported");
+    assert_eq!(pdu::get_str(&id, 768, 256), NQN);
+    assert_eq!(id[111], 1, "I/O controller");
+    assert_eq!(le32(&id, 516), 2, "NN");
+
+    let (s, list) = a.identify(2, 0);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!((le32(&list, 0), le32(&list, 4), le32(&list, 8)), (1, 2, 0));
+    let (_, list) = a.identify(2, 1);
+    assert_eq!(
+        (le32(&list, 0), le32(&list, 4)),
+        (2, 0),
+        "only NSIDs above the one given"
+    );
+
+    let (s, ns) = a.identify(0, 1);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(le64(&ns, 0), NS_BYTES / BS as u64, "NSZE");
+    assert_eq!(ns[130], 12, "LBADS: 4096-byte blocks");
+    assert_eq!(&ns[104..120], &[0x11; 16], "NGUID");
+    let (s, descs) = a.identify(3, 2);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!((descs[0], descs[1]), (2, 16));
+    assert_eq!(&descs[4..20], &[0x22; 16]);
+    assert_eq!((descs[20], descs[21]), (3, 16));
+    assert_eq!(a.identify(0, 3).0, Status::INVALID_NS);
+    assert_eq!(a.identify(0x55, 0).0, Status::INVALID_FIELD);
+
+    let (s, r) = a.set_queues(4);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(r, 3 | 3 << 16);
+    let (s, _, _) = a.admin_cmd(0x09, 0, 0x0F, 5000, 0); // KATO
+    assert_eq!(s, Status::SUCCESS);
+    let (s, kato, _) = a.admin_cmd(0x0A, 0, 0x0F, 0, 0);
+    assert_eq!((s, kato), (Status::SUCCESS, 5000));
+    let (s, _, smart) = a.admin_cmd(0x02, 0xFFFF_FFFF, 0x02 | 127 << 16, 0, 512);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(smart.len(), 512);
+    assert_eq!(le16(&smart, 1), 300, "composite temperature");
+    let (s, _, _) = a.admin_cmd(0x02, 0, 0x42 | 127 << 16, 0, 512);
+    assert_eq!(s, Status::INVALID_LOG_PAGE);
+    let (s, _, _) = a.admin_cmd(0x18, 0, 0, 0, 0);
+    assert_eq!(s, Status::SUCCESS, "keep alive");
+    let (s, _, _) = a.admin_cmd(0xC5, 0, 0, 0, 0);
+    assert_eq!(s, Status::INVALID_OPCODE);
+
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let small = pattern(1, 2 * BS);
+    assert_eq!(
+        io.write(1, 10, &small, true),
+        Status::SUCCESS,
+        "in-capsule write"
+    );
+    let big = pattern(2, 256 * 1024);
+    assert_eq!(io.write(1, 100, &big, false), Status::SUCCESS, "R2T write");
+    assert!(
+        big.len() > io.maxh2c as usize,
+        "the R2T write takes several H2CData PDUs"
+    );
+    assert_eq!(io.read(1, 10, 2), (Status::SUCCESS, small.clone()));
+    assert_eq!(io.read(1, 100, 64), (Status::SUCCESS, big.clone()));
+    // Namespaces are independent.
+    assert_eq!(io.read(2, 10, 2), (Status::SUCCESS, vec![0; 2 * BS]));
+    let c = io.rw_cmd(0x00, 0, 0, 0);
+    let mut f = Command::new(0x00, c.cid(), 1);
+    f.set_sgl(0, 0, pdu::SGL_TRANSPORT);
+    assert_eq!(io.exec(f, &[], None).0, Status::SUCCESS, "flush");
+
+    // Write Zeroes over the second block of the small write.
+    let wz = io.rw_cmd(0x08, 1, 11, 1);
+    assert_eq!(io.exec(wz, &[], None).0, Status::SUCCESS);
+    let mut expect = small.clone();
+    expect[BS..].fill(0);
+    assert_eq!(io.read(1, 10, 2), (Status::SUCCESS, expect));
+
+    // DSM deallocate of blocks 100..104: one range, in the capsule.
+    let mut dsm = Command::new(0x09, io.cid(), 1);
+    dsm.set_cdw(10, 0); // one range
+    dsm.set_cdw(11, 1 << 2); // AD
+    let mut range = vec![0u8; 16];
+    pdu::put32(&mut range, 4, 4);
+    pdu::put64(&mut range, 8, 100);
+    assert_eq!(io.exec(dsm, &range, None).0, Status::SUCCESS);
+    let (s, d) = io.read(1, 100, 8);
+    assert_eq!(s, Status::SUCCESS);
+    assert!(d[..4 * BS].iter().all(|&b| b == 0));
+    assert_eq!(&d[4 * BS..], &big[4 * BS..8 * BS]);
+
+    // Shutdown handshake: CC.SHN = normal, CSTS.SHST = complete.
+    assert_eq!(
+        a.prop_set(0x14, 1 | 6 << 16 | 4 << 20 | 1 << 14),
+        Status::SUCCESS
+    );
+    let (_, csts) = a.prop_get(0x1c, false);
+    assert_eq!((csts >> 2) & 3, 2, "shutdown complete");
+}
+
+#[test]
+fn header_and_data_digests_round_trip() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, true, true);
+    assert_eq!(a.set_queues(1).0, Status::SUCCESS);
+    let (s, id) = a.identify(1, 0);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(le16(&id, 78), cntlid);
+    let mut io = Host::io(srv.addr, cntlid, 1, true, true);
+    let small = pattern(3, BS);
+    let big = pattern(4, 512 * 1024);
+    assert_eq!(io.write(1, 0, &small, true), Status::SUCCESS);
+    assert_eq!(io.write(1, 1000, &big, false), Status::SUCCESS);
+    assert_eq!(io.read(1, 0, 1), (Status::SUCCESS, small));
+    assert_eq!(io.read(1, 1000, 128), (Status::SUCCESS, big));
+}
+
+#[test]
+fn out_of_range_lba_and_bad_lengths_get_their_status() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let blocks = NS_BYTES / BS as u64;
+    assert_eq!(io.read(1, blocks, 1).0, Status::LBA_RANGE);
+    assert_eq!(io.read(1, blocks - 1, 2).0, Status::LBA_RANGE);
+    assert_eq!(io.read(1, u64::MAX, 1).0, Status::LBA_RANGE);
+    assert_eq!(
+        io.write(1, blocks - 1, &[7; 2 * BS], true),
+        Status::LBA_RANGE
+    );
+    // A too-large write through R2T is refused before any data moves.
+    let c = io.rw_cmd(0x01, 1, blocks, 4);
+    let (s, _, _) = io.exec(c, &[], Some(vec![1; 4 * BS]));
+    assert_eq!(s, Status::LBA_RANGE);
+    // The last block works.
+    assert_eq!(io.write(1, blocks - 1, &[9; BS], true), Status::SUCCESS);
+    assert_eq!(io.read(1, blocks - 1, 1), (Status::SUCCESS, vec![9; BS]));
+    // SGL length not matching NLB.
+    let mut c = io.rw_cmd(0x02, 1, 0, 2);
+    c.set_sgl(0, BS as u32, pdu::SGL_TRANSPORT);
+    assert_eq!(io.exec(c, &[], None).0, Status::SGL_INVALID_DATA_LEN);
+    // Unknown namespace, unknown opcode, Write Zeroes past the end.
+    assert_eq!(io.read(7, 0, 1).0, Status::INVALID_NS);
+    let mut c = Command::new(0x7E, io.cid(), 1);
+    c.set_sgl(0, 0, pdu::SGL_TRANSPORT);
+    assert_eq!(io.exec(c, &[], None).0, Status::INVALID_OPCODE);
+    let c = io.rw_cmd(0x08, 1, blocks - 1, 2);
+    assert_eq!(io.exec(c, &[], None).0, Status::LBA_RANGE);
+    // Still serving.
+    assert_eq!(io.read(1, 0, 1).0, Status::SUCCESS);
+}
+
+#[test]
+fn commands_before_connect_get_command_sequence_error() {
+    let srv = TestServer::start();
+    let mut h = Host::new(srv.addr, false, false);
+    assert_eq!(h.identify(1, 0).0, Status::CMD_SEQ_ERROR);
+    assert_eq!(h.prop_get(0, true).0, Status::CMD_SEQ_ERROR);
+    assert_eq!(h.read(1, 0, 1).0, Status::CMD_SEQ_ERROR);
+    // A write before Connect is refused without an R2T.
+    let c = h.rw_cmd(0x01, 1, 0, 1);
+    assert_eq!(h.exec(c, &[], Some(vec![0; BS])).0, Status::CMD_SEQ_ERROR);
+    // Connected but not enabled: admin commands wait for CC.EN.
+    assert_eq!(h.connect(NQN, 0, 0xFFFF, 0).0, Status::SUCCESS);
+    assert_eq!(h.identify(1, 0).0, Status::CMD_SEQ_ERROR);
+    assert_eq!(
+        h.connect(NQN, 0, 0xFFFF, 0).0,
+        Status::CMD_SEQ_ERROR,
+        "second Connect"
+    );
+    // I/O queue Connect to a controller that is not enabled.
+    let mut h2 = Host::new(srv.addr, false, false);
+    let cntlid = srv.target.controller_count() as u16;
+    assert_eq!(h2.connect(NQN, 1, cntlid, 0).0, Status::CMD_SEQ_ERROR);
+}
+
+#[test]
+fn connect_parameters_are_checked() {
+    let srv = TestServer::start();
+    let mut h = Host::new(srv.addr, false, false);
+    let (s, r) = h.connect("nqn.2024-01.io.flashpool:nope", 0, 0xFFFF, 0);
+    assert_eq!(s, Status::CONNECT_INVALID_PARAM);
+    assert_eq!(r, 1 << 16 | 256, "IATTR data, IPO subnqn");
+    let c = h.connect_cmd(0, 0, 0); // SQSIZE 0
+    let (s, _, _) = h.exec(c, &Host::connect_data(NQN, HOSTNQN, 0xFFFF), None);
+    assert_eq!(s, Status::CONNECT_INVALID_PARAM);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(2);
+    let mut q = Host::new(srv.addr, false, false);
+    assert_eq!(
+        q.connect(NQN, 1, cntlid + 100, 0).0,
+        Status::CONNECT_INVALID_PARAM,
+        "unknown controller"
+    );
+    assert_eq!(
+        q.connect(NQN, 3, cntlid, 0).0,
+        Status::CONNECT_INVALID_PARAM,
+        "qid above the granted queues"
+    );
+    let c = q.connect_cmd(1, 31, 0);
+    let (s, _, _) = q.exec(c, &Host::connect_data(NQN, "nqn.other-host", cntlid), None);
+    assert_eq!(
+        s,
+        Status::CONNECT_INVALID_PARAM,
+        "another host's controller"
+    );
+    assert_eq!(q.connect(NQN, 2, cntlid, 0).0, Status::SUCCESS);
+    // Connect data through R2T works too.
+    let mut q2 = Host::new(srv.addr, false, false);
+    let c = q2.connect_cmd(1, 31, 0);
+    let (s, r, _) = q2.exec(c, &[], Some(Host::connect_data(NQN, HOSTNQN, cntlid)));
+    assert_eq!((s, r as u16), (Status::SUCCESS, cntlid));
+}
+
+#[test]
+fn discovery_controller_lists_the_subsystem() {
+    let srv = TestServer::start();
+    let (mut d, _) = Host::admin(srv.addr, DISCOVERY_NQN, false, false);
+    let (s, id) = d.identify(1, 0);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(id[111], 2, "discovery controller");
+    assert_eq!(pdu::get_str(&id, 768, 256), DISCOVERY_NQN);
+    // Header first (as nvme-cli does), then the whole page, then from an offset.
+    let (s, _, hdr) = d.admin_cmd(0x02, 0, 0x70 | (1024 / 4 - 1) << 16, 0, 1024);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(le64(&hdr, 8), 1, "NUMREC");
+    let (s, _, page) = d.admin_cmd(0x02, 0, 0x70 | (2048 / 4 - 1) << 16, 0, 2048);
+    assert_eq!(s, Status::SUCCESS);
+    let e = &page[1024..];
+    assert_eq!((e[0], e[1], e[2]), (3, 1, 2), "TCP, IPv4, NVM subsystem");
+    assert_eq!(pdu::get_str(e, 256, 256), NQN);
+    assert_eq!(pdu::get_str(e, 32, 32).trim(), srv.addr.port().to_string());
+    assert_eq!(pdu::get_str(e, 512, 256).trim(), "127.0.0.1");
+    let mut c = Command::new(0x02, d.cid(), 0);
+    c.set_cdw(10, 0x70 | (1024 / 4 - 1) << 16);
+    c.set_cdw(12, 1024);
+    c.set_sgl(0, 1024, pdu::SGL_TRANSPORT);
+    let (s, _, tail) = d.exec(c, &[], None);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(tail, e);
+    // No I/O queues, no namespaces on a discovery controller.
+    assert_eq!(d.set_queues(1).0, Status::INVALID_FIELD);
+    assert_eq!(d.identify(0, 1).0, Status::INVALID_NS);
+}
+
+#[test]
+fn pipelined_commands_complete_out_of_order() {
+    let seed = seed(0x5EED_0001);
+    let mut rng = Rng(seed);
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    // Distinct block ranges, so the expected contents do not depend on order.
+    let mut expect = Vec::new();
+    let mut cids = Vec::new();
+    for i in 0..48u64 {
+        let blocks = 1 + rng.below(16) as u32;
+        let lba = i * 32;
+        let data = pattern(rng.next(), blocks as usize * BS);
+        let c = io.rw_cmd(0x01, 1, lba, blocks);
+        cids.push(c.cid());
+        if data.len() <= 8192 && rng.below(2) == 0 {
+            io.submit(c, &data, None);
+        } else {
+            io.submit(c, &[], Some(data.clone()));
+        }
+        expect.push((lba, data));
+    }
+    // Reads of blocks never written, queued behind the writes.
+    for _ in 0..16 {
+        let mut c = io.rw_cmd(0x02, 1, 4096 + rng.below(1000), 2);
+        c.set_sgl(0, 2 * BS as u32, pdu::SGL_TRANSPORT);
+        cids.push(c.cid());
+        io.submit(c, &[], None);
+    }
+    let mut order = Vec::new();
+    for _ in 0..cids.len() {
+        let c = io.completion();
+        assert_eq!(
+            Status::from_field(c.status),
+            Status::SUCCESS,
+            "cid {}",
+            c.cid
+        );
+        order.push(c.cid);
+    }
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    let mut want = cids.clone();
+    want.sort_unstable();
+    assert_eq!(sorted, want, "one completion per command");
+    assert_ne!(
+        order, cids,
+        "R2T writes complete after commands that arrived later"
+    );
+    for (lba, data) in expect {
+        let (s, got) = io.read(1, lba, (data.len() / BS) as u32);
+        assert_eq!(s, Status::SUCCESS);
+        assert!(got == data, "lba {lba}");
+    }
+}
+
+fn expect_termination(h: &mut Host, fes: u16) {
+    match h.next_event() {
+        Ok(Event::Term(f)) => assert_eq!(f, fes),
+        Ok(Event::Completion(c)) => panic!("completion {c:?} instead of a termination"),
+        Err(e) => panic!("connection error {e} instead of a termination"),
+    }
+    let mut b = [0u8; 1];
+    assert_eq!(
+        h.stream.read(&mut b).unwrap_or(0),
+        0,
+        "connection closed after C2HTermReq"
+    );
+}
+
+#[test]
+fn bad_pdu_length_terminates_the_connection() {
+    let target = Target::new(config());
+    let (addr, t) = serve_one(target.clone());
+    let mut h = Host::new(addr, false, false);
+    let c = Command::new(0x06, 1, 0);
+    let mut b = pdu::capsule_cmd(&c, &[], false, false);
+    pdu::put32(&mut b, 4, 40); // PLEN below HLEN
+    h.send_raw(&b);
+    expect_termination(&mut h, pdu::FES_INVALID_PDU_HDR);
+    assert!(matches!(t.join().unwrap(), End::Terminated(1)));
+
+    // Wrong HLEN for a capsule.
+    let (addr, t) = serve_one(target.clone());
+    let mut h = Host::new(addr, false, false);
+    let mut b = pdu::capsule_cmd(&c, &[], false, false);
+    b[2] = 64;
+    h.send_raw(&b);
+    expect_termination(&mut h, pdu::FES_INVALID_PDU_HDR);
+    t.join().unwrap();
+
+    // In-capsule data beyond what the target takes.
+    let (addr, t) = serve_one(target.clone());
+    let mut h = Host::new(addr, false, false);
+    let b = pdu::capsule_cmd(&c, &vec![0; 64 * 1024], false, false);
+    h.send_raw(&b[..72]);
+    expect_termination(&mut h, pdu::FES_DATA_LIMIT_EXCEEDED);
+    t.join().unwrap();
+
+    // A PDU type a host never sends, and a capsule before ICReq.
+    let (addr, t) = serve_one(target.clone());
+    let mut h = Host::new(addr, false, false);
+    h.send_raw(&pdu::r2t(1, 0, 0, 4096, false));
+    expect_termination(&mut h, pdu::FES_INVALID_PDU_HDR);
+    t.join().unwrap();
+    let (addr, t) = serve_one(target.clone());
+    let mut h = Host::raw(addr);
+    h.send_raw(&pdu::capsule_cmd(&c, &[], false, false));
+    expect_termination(&mut h, pdu::FES_PDU_SEQ_ERR);
+    t.join().unwrap();
+}
+
+#[test]
+fn header_digest_mismatch_terminates_data_digest_mismatch_fails_the_command() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, true, true);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, true, true);
+    // Data digest wrong in a capsule: Transient Transport Error, queue lives on.
+    let data = pattern(9, BS);
+    let mut c = io.rw_cmd(0x01, 1, 5, 1);
+    c.set_sgl(0, BS as u32, pdu::SGL_IN_CAPSULE);
+    let mut b = pdu::capsule_cmd(&c, &data, true, true);
+    let n = b.len();
+    b[n - 1] ^= 0xFF;
+    io.send_raw(&b);
+    let comp = io.completion();
+    assert_eq!(Status::from_field(comp.status), Status::TRANSIENT_TRANSPORT);
+    assert_eq!(
+        io.read(1, 5, 1),
+        (Status::SUCCESS, vec![0; BS]),
+        "nothing written"
+    );
+    // Header digest wrong: C2HTermReq and close.
+    let c = io.rw_cmd(0x02, 1, 0, 1);
+    let mut b = pdu::capsule_cmd(&c, &[], true, true);
+    b[72] ^= 1;
+    io.send_raw(&b);
+    expect_termination(&mut io, pdu::FES_HDR_DIGEST_ERR);
+    // Digest flags must match what ICReq negotiated.
+    let mut h = Host::new(srv.addr, true, false);
+    h.send_raw(&pdu::capsule_cmd(&c, &[], false, false));
+    expect_termination(&mut h, pdu::FES_INVALID_PDU_HDR);
+}
+
+#[test]
+fn bad_h2c_data_terminates() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let mut c = io.rw_cmd(0x01, 1, 0, 2);
+    c.set_sgl(0, 2 * BS as u32, pdu::SGL_TRANSPORT);
+    io.send_raw(&pdu::capsule_cmd(&c, &[], false, false));
+    let (ch, hdr, _) = io.recv_pdu().unwrap();
+    assert_eq!(ch.pdu_type, pdu::R2T);
+    let ttag = le16(&hdr, 10);
+    assert_eq!(le32(&hdr, 16), 2 * BS as u32);
+    // Data at an offset the R2T did not ask for.
+    let mut b = pdu::data_header(
+        pdu::H2C_DATA,
+        c.cid(),
+        ttag,
+        4096,
+        4096,
+        false,
+        false,
+        false,
+    );
+    b.extend_from_slice(&[0; 4096]);
+    io.send_raw(&b);
+    expect_termination(&mut io, pdu::FES_DATA_OUT_OF_RANGE);
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let srv = TestServer::start();
+    let mut a = Host::new(srv.addr, false, false);
+    let (s, cntlid) = a.connect(NQN, 0, 0xFFFF, 600);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(a.prop_set(0x14, 1 | 6 << 16 | 4 << 20), Status::SUCCESS);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid as u16, 1, false, false);
+    // Traffic keeps it alive...
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(a.admin_cmd(0x18, 0, 0, 0, 0).0, Status::SUCCESS);
+    }
+    assert_eq!(srv.target.controller_count(), 1);
+    // ...silence does not: both queues close, the controller is gone.
+    let t0 = Instant::now();
+    let mut b = [0u8; 1];
+    assert_eq!(a.stream.read(&mut b).unwrap_or(0), 0, "admin queue closed");
+    assert_eq!(io.stream.read(&mut b).unwrap_or(0), 0, "I/O queue closed");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(srv.target.controller_count(), 0);
+}
+
+#[test]
+fn losing_the_admin_queue_closes_the_io_queues() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(2);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    // The host vanishes mid-transfer: half of an R2T write's data, then gone.
+    let mut c = io.rw_cmd(0x01, 1, 0, 4);
+    c.set_sgl(0, 4 * BS as u32, pdu::SGL_TRANSPORT);
+    io.send_raw(&pdu::capsule_cmd(&c, &[], false, false));
+    let (ch, hdr, _) = io.recv_pdu().unwrap();
+    assert_eq!(ch.pdu_type, pdu::R2T);
+    let mut b = pdu::data_header(
+        pdu::H2C_DATA,
+        c.cid(),
+        le16(&hdr, 10),
+        0,
+        4096,
+        false,
+        false,
+        false,
+    );
+    b.extend_from_slice(&[5; 4096]);
+    io.send_raw(&b);
+    let mut io2 = Host::io(srv.addr, cntlid, 2, false, false);
+    drop(io);
+    drop(a);
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        io2.stream.read(&mut buf).unwrap_or(0),
+        0,
+        "I/O queue closed with its controller"
+    );
+    assert_eq!(srv.target.controller_count(), 0);
+    // A new controller sees nothing of the unfinished write.
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    assert_eq!(io.read(1, 0, 4), (Status::SUCCESS, vec![0; 4 * BS]));
+}
+
+#[test]
+fn disconnect_closes_the_queue() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let mut c = Command::new(0x7F, io.cid(), 0);
+    c.0[4] = 0x08;
+    assert_eq!(io.exec(c, &[], None).0, Status::SUCCESS);
+    let mut b = [0u8; 1];
+    assert_eq!(io.stream.read(&mut b).unwrap_or(0), 0);
+    assert_eq!(
+        a.identify(1, 0).0,
+        Status::SUCCESS,
+        "the admin queue lives on"
+    );
+}
