@@ -10,12 +10,15 @@
 # Without NVME_ADDR it tests itself against the guest kernel's own target
 # (nvmet-tcp on 127.0.0.1:4420 exporting a 64 MiB file), so the initiator side
 # of the harness is known to work before any flashpool target exists.
-# FIO_MB (default 16) sizes the fio run.
+# FIO_MB (default 16) sizes the fio run; NVME_CONNECT_OPTS adds options to
+# `nvme connect` (e.g. "-g -G" for header and data digests).
 set -eu
 FIO_MB=${FIO_MB:-16}
 T0=$(date +%s)
 step() { echo "nvme-tcp [$(($(date +%s) - T0))s]: $*"; }
-fail() { echo "nvme-tcp FAILED: $*"; exit 1; }
+# The kernel's nvme messages (connect, queues, warnings), for the host log.
+kmsg() { dmesg | grep -i nvme | tail -20 | sed 's/^/nvme-tcp dmesg: /'; }
+fail() { echo "nvme-tcp FAILED: $*"; kmsg; exit 1; }
 
 if [ -z "${NVME_ADDR:-}" ]; then
     NVME_ADDR=127.0.0.1 NVME_PORT=4420 NVME_NQN=nqn.2024-01.io.flashpool:guest-selftest
@@ -44,8 +47,9 @@ mkdir -p /etc/nvme
 [ -s /etc/nvme/hostnqn ] || nvme gen-hostnqn > /etc/nvme/hostnqn
 step "nvme discover -t tcp -a $NVME_ADDR -s $NVME_PORT"
 nvme discover -t tcp -a "$NVME_ADDR" -s "$NVME_PORT" || fail "nvme discover"
-step "nvme connect -t tcp -a $NVME_ADDR -s $NVME_PORT -n $NVME_NQN"
-nvme connect -t tcp -a "$NVME_ADDR" -s "$NVME_PORT" -n "$NVME_NQN" || fail "nvme connect"
+step "nvme connect -t tcp -a $NVME_ADDR -s $NVME_PORT -n $NVME_NQN ${NVME_CONNECT_OPTS:-}"
+# shellcheck disable=SC2086
+nvme connect -t tcp -a "$NVME_ADDR" -s "$NVME_PORT" -n "$NVME_NQN" ${NVME_CONNECT_OPTS:-} || fail "nvme connect"
 i=0
 dev=
 while [ -z "$dev" ]; do
@@ -76,4 +80,5 @@ mount -t ext4 -o ro "$dev" /mnt/nvme || fail "mount again"
 umount /mnt/nvme
 step "nvme disconnect -n $NVME_NQN"
 nvme disconnect -n "$NVME_NQN" || fail "nvme disconnect"
+kmsg
 step "done"

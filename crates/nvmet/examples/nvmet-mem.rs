@@ -69,6 +69,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("NVMET_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("NVMET_LOG"))
             .init();
     }

@@ -246,7 +246,7 @@ impl Connection {
         }
         self.hdgst = req.hdgst;
         self.ddgst = req.ddgst;
-        tracing::debug!(hdgst = req.hdgst, ddgst = req.ddgst, "ICReq");
+        tracing::info!(hdgst = req.hdgst, ddgst = req.ddgst, "ICReq");
         self.stream
             .write_all(&pdu::icresp(req.hdgst, req.ddgst, MAX_H2C_DATA))?;
         Ok(())

@@ -1,0 +1,62 @@
+#!/bin/bash
+# The Linux kernel's own NVMe/TCP initiator against flashpool's NVMe/TCP
+# target: starts crates/nvmet/examples/nvmet-mem (a RAM namespace, 4 KiB
+# LBAs) on the host's 127.0.0.1:PORT and boots Debian's stock kernel in a
+# qemu TCG guest (tests/guest/run-guest.sh) that runs tests/guest/nvme-tcp.sh
+# against 10.0.2.2:PORT: `nvme discover` (the discovery controller on the
+# same port), `nvme connect -t tcp` (admin and I/O queues, Identify, features,
+# keep alive), fio O_DIRECT random writes 4 KiB-256 KiB with fsyncs and crc32c
+# verify (in-capsule and R2T/H2CData writes, reads, flushes), mkfs.ext4,
+# files, e2fsck -fn, remount and checksum, `nvme disconnect`. Two boots: one
+# CPU without digests, then two CPUs (two I/O queues) with header and data
+# digests (`nvme connect -g -G`). Then checks the target is still up, exits 0
+# on SIGTERM and logged no panic. Fails, never skips, where the guest cannot
+# be fetched or booted. Guest consoles: $E2E_LOGS/kernel-nvme-{plain,digests}.log.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+GUEST=$ROOT/tests/guest
+LOGS=${E2E_LOGS:-/tmp/nbd-e2e-logs}
+mkdir -p "$LOGS"
+export GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
+NQN=${NVME_NQN:-nqn.2024-01.io.flashpool:e2e-kernel}
+new_workdir
+trap cleanup EXIT
+
+(cd "$ROOT" && cargo build --release -q -p flashpool-nvmet --example nvmet-mem) || die "cannot build nvmet-mem"
+bash "$GUEST/fetch.sh" >/dev/null || die "guest packages unavailable (see above)"
+
+NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" \
+    --nqn "$NQN" --size "${NVME_SIZE:-256M}" >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 1 100); do
+    grep -q '^nvme-tcp://' "$WORK/server.log" && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; die "nvmet-mem exited early"; }
+    sleep 0.1
+done
+grep -q '^nvme-tcp://' "$WORK/server.log" || die "nvmet-mem did not come up"
+echo "nvmet-mem on 127.0.0.1:$PORT, $NQN"
+
+# guest_run NAME OPTS SMP: one boot running tests/guest/nvme-tcp.sh.
+guest_run() {
+    local name=$1 opts=$2 smp=$3 rc=0
+    echo "guest ($name, $smp CPU(s)): discover, connect $opts, fio verify, ext4, fsck, disconnect"
+    GUEST_SMP=$smp GUEST_LOG=$LOGS/kernel-nvme-$name.log bash "$GUEST/run-guest.sh" "$GUEST/nvme-tcp.sh" \
+        NVME_ADDR=10.0.2.2 NVME_PORT="$PORT" NVME_NQN="$NQN" FIO_MB="${FIO_MB:-32}" \
+        NVME_CONNECT_OPTS="$opts" || rc=$?
+    grep -a -E '^(nvme-tcp|subnqn|traddr|/dev/nvme)' "$LOGS/kernel-nvme-$name.log" | tr -d '\r' || true
+    if [ "$rc" -ne 0 ]; then
+        echo "--- target log (tail) ---" >&2; tail -30 "$WORK/server.log" >&2
+        die "guest NVMe/TCP run $name (console: $LOGS/kernel-nvme-$name.log)"
+    fi
+}
+guest_run plain "" 1
+# Header and data digests, two CPUs: two I/O queues.
+guest_run digests "-g -G" 2
+grep -q 'hdgst=true ddgst=true' "$WORK/server.log" || die "no connection negotiated header and data digests"
+grep -q 'creating 2 I/O queues' "$LOGS/kernel-nvme-digests.log" || die "the 2-CPU guest did not create 2 I/O queues"
+kill -0 "$SERVER_PID" 2>/dev/null || die "nvmet-mem died during the run"
+if grep -q 'panicked' "$WORK/server.log"; then cat "$WORK/server.log" >&2; die "nvmet-mem panicked"; fi
+kill -TERM "$SERVER_PID"
+wait "$SERVER_PID" || die "nvmet-mem exited with status $? on SIGTERM"
+SERVER_PID=
+echo "kernel NVMe/TCP initiator: discover, connect, fio verify, ext4, fsck, disconnect passed"
