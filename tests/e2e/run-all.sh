@@ -52,6 +52,7 @@ CHECKS=(
     "host-filesystem-full:check-hostfull.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
+    "kernel-nvme:check-kernel-nvme.sh"
 )
 pass=0; fail=0; skipped=0
 for entry in "${CHECKS[@]}"; do

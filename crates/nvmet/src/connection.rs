@@ -9,7 +9,7 @@
 //! but any number may be in flight: writes waiting for their H2CData complete
 //! after commands that arrived later (out-of-order completion).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,6 +108,8 @@ pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) 
         if c.q.qid == 0 {
             // The admin queue is gone: the controller (and its I/O queues) go too.
             c.target.remove_controller(ctrl.cntlid);
+        } else {
+            ctrl.regs().io_qids.remove(&c.q.qid);
         }
     }
     tracing::debug!(qid = c.q.qid, ?end, "connection closed");
@@ -123,6 +125,8 @@ struct Connection {
     ddgst: bool,
     local_addr: String,
     pending: HashMap<u16, Pending>,
+    /// CIDs of commands held without completion (AERs).
+    held: HashSet<u16>,
     next_ttag: u16,
     out: Vec<u8>,
 }
@@ -159,6 +163,7 @@ impl Connection {
             ddgst: false,
             local_addr,
             pending: HashMap::new(),
+            held: HashSet::new(),
             next_ttag: 0,
             out: Vec::with_capacity(64 * 1024),
         }
@@ -332,6 +337,20 @@ impl Connection {
         let cmd = Command(c);
         let entries = self.q.sqsize as u32 + 1;
         self.q.sq_head = ((self.q.sq_head as u32 + 1) % entries.max(1)) as u16;
+        if self.held.contains(&cmd.cid()) || self.pending.values().any(|p| p.cmd.cid() == cmd.cid())
+        {
+            // The CID of a command still outstanding: answer without touching it.
+            let cqe = Completion {
+                result: 0,
+                sq_head: self.q.sq_head,
+                sq_id: self.q.qid,
+                cid: cmd.cid(),
+                status: Status::CID_CONFLICT.to_field(),
+            };
+            self.stream
+                .write_all(&pdu::capsule_resp(&cqe, self.hdgst))?;
+            return Ok(());
+        }
         if !digest_ok {
             tracing::warn!(cid = cmd.cid(), "data digest error in a command capsule");
             return self.complete(&cmd, Outcome::status(Status::TRANSIENT_TRANSPORT));
@@ -468,7 +487,10 @@ impl Connection {
 
     fn complete(&mut self, cmd: &Command, out: Outcome) -> Result<(), Fatal> {
         let (status, result, data, close) = match out {
-            Outcome::Hold => return Ok(()),
+            Outcome::Hold => {
+                self.held.insert(cmd.cid());
+                return Ok(());
+            }
             Outcome::Disconnect => (Status::SUCCESS, 0, Vec::new(), true),
             Outcome::Done {
                 status,

@@ -98,6 +98,8 @@ pub struct CtrlRegs {
     pub aec: u32,
     pub vwc: bool,
     pub aers_outstanding: u32,
+    /// I/O queue IDs with a live connection.
+    pub io_qids: std::collections::BTreeSet<u16>,
 }
 
 /// One controller (admin queue plus its I/O queues).

@@ -128,8 +128,12 @@ fn connect(q: &mut QueueState, target: &Arc<Target>, cmd: &Command, data: &[u8])
     if !ctrl.is_ready() {
         return Outcome::status(Status::CMD_SEQ_ERROR);
     }
-    if qid > ctrl.regs().io_queues {
-        return invalid(false, 42);
+    {
+        let mut r = ctrl.regs();
+        // A QID above the granted queues, or one already connected.
+        if qid > r.io_queues || !r.io_qids.insert(qid) {
+            return invalid(false, 42);
+        }
     }
     tracing::debug!(cntlid, qid, sqsize, "I/O queue connected");
     ctrl.touch();

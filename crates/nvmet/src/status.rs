@@ -35,6 +35,7 @@ impl Status {
     };
     pub const INVALID_OPCODE: Status = generic(0x01);
     pub const INVALID_FIELD: Status = generic(0x02);
+    pub const CID_CONFLICT: Status = generic(0x03);
     pub const DATA_TRANSFER_ERROR: Status = generic(0x04);
     pub const INTERNAL_ERROR: Status = generic(0x06);
     pub const INVALID_NS: Status = generic(0x0B);

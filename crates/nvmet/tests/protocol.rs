@@ -547,3 +547,76 @@ fn disconnect_closes_the_queue() {
         "the admin queue lives on"
     );
 }
+
+#[test]
+fn duplicate_qid_and_outstanding_cid_are_refused() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(2);
+    let io = Host::io(srv.addr, cntlid, 1, false, false);
+    let mut dup = Host::new(srv.addr, false, false);
+    assert_eq!(
+        dup.connect(NQN, 1, cntlid, 0).0,
+        Status::CONNECT_INVALID_PARAM,
+        "QID 1 already connected"
+    );
+    // Once QID 1's connection closes, the QID can be connected again.
+    drop(io);
+    let t0 = Instant::now();
+    loop {
+        let mut h = Host::new(srv.addr, false, false);
+        if h.connect(NQN, 1, cntlid, 0).0.is_success() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "QID 1 never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // An AER is held; a new command reusing its CID is a conflict.
+    let mut aer = Command::new(0x0C, 500, 0);
+    aer.set_sgl(0, 0, pdu::SGL_TRANSPORT);
+    a.submit(aer, &[], None);
+    let mut c = Command::new(0x06, 500, 0);
+    c.set_cdw(10, 1);
+    c.set_sgl(0, 4096, pdu::SGL_TRANSPORT);
+    let (s, _, _) = a.exec(c, &[], None);
+    assert_eq!(s, Status::CID_CONFLICT);
+    assert_eq!(a.identify(1, 0).0, Status::SUCCESS);
+}
+
+#[test]
+fn namespace_with_512_byte_blocks() {
+    use flashpool_nvmet::{MemNamespace, Server, Subsystem, TargetConfig};
+    use std::sync::Arc;
+    let mut s = Subsystem::new(NQN, "s512");
+    s.add_namespace(1, Arc::new(MemNamespace::new(1 << 20, 512, [5; 16])));
+    let server = Server::bind(
+        "127.0.0.1:0",
+        TargetConfig {
+            subsystems: vec![s],
+            traddr: String::new(),
+            trsvcid: String::new(),
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let stop = server.shutdown_handle();
+    let t = std::thread::spawn(move || server.run().unwrap());
+    let (mut a, cntlid) = Host::admin(addr, NQN, false, false);
+    let (_, ns) = a.identify(0, 1);
+    assert_eq!((le64(&ns, 0), ns[130]), (2048, 9));
+    a.set_queues(1);
+    let mut io = Host::io(addr, cntlid, 1, false, false);
+    let data = pattern(12, 3 * 512);
+    let mut c = io.rw_cmd(0x01, 1, 7, 3);
+    c.set_sgl(0, data.len() as u32, pdu::SGL_IN_CAPSULE);
+    assert_eq!(io.exec(c, &data, None).0, Status::SUCCESS);
+    let mut c = io.rw_cmd(0x02, 1, 7, 3);
+    c.set_sgl(0, 3 * 512, pdu::SGL_TRANSPORT);
+    assert_eq!(io.exec(c, &[], None), (Status::SUCCESS, 0, data));
+    let mut c = io.rw_cmd(0x02, 1, 2047, 2);
+    c.set_sgl(0, 1024, pdu::SGL_TRANSPORT);
+    assert_eq!(io.exec(c, &[], None).0, Status::LBA_RANGE);
+    drop((a, io));
+    stop.shutdown();
+    t.join().unwrap();
+}
