@@ -9,7 +9,7 @@
 //! but any number may be in flight: writes waiting for their H2CData complete
 //! after commands that arrived later (out-of-order completion).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +23,10 @@ use crate::digest;
 use crate::fabrics::OPC_FABRICS;
 use crate::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
 use crate::status::Status;
+
+/// Most bytes of R2T write buffers one connection holds; writes beyond it
+/// wait (their R2T is delayed) until earlier ones complete.
+pub const MAX_R2T_BYTES: usize = 8 << 20;
 
 /// How often a blocked read wakes to check keep-alive and shutdown.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -125,6 +129,10 @@ struct Connection {
     ddgst: bool,
     local_addr: String,
     pending: HashMap<u16, Pending>,
+    /// Bytes of the pending buffers.
+    pending_bytes: usize,
+    /// Writes whose R2T waits for buffer room (MAX_R2T_BYTES).
+    waiting: VecDeque<Command>,
     /// CIDs of commands held without completion (AERs).
     held: HashSet<u16>,
     next_ttag: u16,
@@ -163,6 +171,8 @@ impl Connection {
             ddgst: false,
             local_addr,
             pending: HashMap::new(),
+            pending_bytes: 0,
+            waiting: VecDeque::new(),
             held: HashSet::new(),
             next_ttag: 0,
             out: Vec::with_capacity(64 * 1024),
@@ -337,7 +347,9 @@ impl Connection {
         let cmd = Command(c);
         let entries = self.q.sqsize as u32 + 1;
         self.q.sq_head = ((self.q.sq_head as u32 + 1) % entries.max(1)) as u16;
-        if self.held.contains(&cmd.cid()) || self.pending.values().any(|p| p.cmd.cid() == cmd.cid())
+        if self.held.contains(&cmd.cid())
+            || self.pending.values().any(|p| p.cmd.cid() == cmd.cid())
+            || self.waiting.iter().any(|w| w.cid() == cmd.cid())
         {
             // The CID of a command still outstanding: answer without touching it.
             let cqe = Completion {
@@ -381,25 +393,50 @@ impl Connection {
             if let Err(s) = self.precheck(&cmd, sgl_len) {
                 return self.complete(&cmd, Outcome::status(s));
             }
-            if self.pending.len() >= QUEUE_SIZE as usize {
+            if self.pending.len() + self.waiting.len() >= QUEUE_SIZE as usize {
                 return self.complete(&cmd, Outcome::status(Status::INTERNAL_ERROR));
             }
-            let ttag = self.alloc_ttag();
-            self.pending.insert(
-                ttag,
-                Pending {
-                    cmd,
-                    buf: vec![0u8; sgl_len as usize],
-                    received: 0,
-                    digest_error: false,
-                },
-            );
-            self.stream
-                .write_all(&pdu::r2t(cmd.cid(), ttag, 0, sgl_len, self.hdgst))?;
-            return Ok(());
+            if !self.pending.is_empty() && self.pending_bytes + sgl_len as usize > MAX_R2T_BYTES {
+                self.waiting.push_back(cmd);
+                return Ok(());
+            }
+            return self.start_r2t(cmd);
         }
         let out = self.dispatch(&cmd, &data, sgl_len);
         self.complete(&cmd, out)
+    }
+
+    /// Allocate the write buffer of `cmd` and ask for its data.
+    fn start_r2t(&mut self, cmd: Command) -> Result<(), Fatal> {
+        let len = cmd.sgl().1;
+        let ttag = self.alloc_ttag();
+        self.pending.insert(
+            ttag,
+            Pending {
+                cmd,
+                buf: vec![0u8; len as usize],
+                received: 0,
+                digest_error: false,
+            },
+        );
+        self.pending_bytes += len as usize;
+        self.stream
+            .write_all(&pdu::r2t(cmd.cid(), ttag, 0, len, self.hdgst))?;
+        Ok(())
+    }
+
+    /// Start the waiting writes that fit now.
+    fn start_waiting(&mut self) -> Result<(), Fatal> {
+        while let Some(next) = self.waiting.front() {
+            if !self.pending.is_empty()
+                && self.pending_bytes + next.sgl().1 as usize > MAX_R2T_BYTES
+            {
+                break;
+            }
+            let cmd = self.waiting.pop_front().expect("front exists");
+            self.start_r2t(cmd)?;
+        }
+        Ok(())
     }
 
     fn alloc_ttag(&mut self) -> u16 {
@@ -458,13 +495,16 @@ impl Connection {
             return Ok(());
         }
         let p = self.pending.remove(&ttag).expect("looked up above");
+        self.pending_bytes -= p.buf.len();
         if p.digest_error {
             tracing::warn!(cid, "data digest error in H2CData");
-            return self.complete(&p.cmd, Outcome::status(Status::TRANSIENT_TRANSPORT));
+            self.complete(&p.cmd, Outcome::status(Status::TRANSIENT_TRANSPORT))?;
+        } else {
+            let len = p.buf.len() as u32;
+            let out = self.dispatch(&p.cmd, &p.buf, len);
+            self.complete(&p.cmd, out)?;
         }
-        let len = p.buf.len() as u32;
-        let out = self.dispatch(&p.cmd, &p.buf, len);
-        self.complete(&p.cmd, out)
+        self.start_waiting()
     }
 
     fn dispatch(&mut self, cmd: &Command, data: &[u8], sgl_len: u32) -> Outcome {

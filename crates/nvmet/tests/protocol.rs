@@ -620,3 +620,40 @@ fn namespace_with_512_byte_blocks() {
     stop.shutdown();
     t.join().unwrap();
 }
+
+#[test]
+fn r2t_buffers_are_bounded_and_waiting_writes_complete() {
+    let seed = seed(0x5EED_0002);
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let mib = 1 << 20;
+    let writes: Vec<(u64, Vec<u8>)> = (0..24u64)
+        .map(|i| (i * 256, pattern(seed ^ i, mib)))
+        .collect();
+    io.events.clear(); // the Connect's completion
+    for (lba, data) in &writes {
+        let c = io.rw_cmd(0x01, 1, *lba, (mib / BS) as u32);
+        io.submit(c, &[], Some(data.clone()));
+    }
+    for _ in 0..writes.len() {
+        let c = io.completion();
+        assert_eq!(Status::from_field(c.status), Status::SUCCESS);
+    }
+    let first_c = io.events.iter().position(|&e| e == b'C').unwrap();
+    let bound = flashpool_nvmet::connection::MAX_R2T_BYTES / mib;
+    assert!(
+        first_c <= bound,
+        "{first_c} R2Ts before the first completion, bound {bound}"
+    );
+    assert_eq!(
+        io.events.iter().filter(|&&e| e == b'R').count(),
+        writes.len()
+    );
+    for (lba, data) in &writes {
+        let (s, got) = io.read(1, *lba, (mib / BS) as u32);
+        assert_eq!(s, Status::SUCCESS);
+        assert!(&got == data, "lba {lba}");
+    }
+}

@@ -99,6 +99,8 @@ pub struct Host {
     outgoing: HashMap<u16, Vec<u8>>,
     /// Data received per cid (C2HData).
     pub incoming: HashMap<u16, Vec<u8>>,
+    /// What arrived, in order: b'R' an R2T, b'C' a completion.
+    pub events: Vec<u8>,
 }
 
 impl Host {
@@ -117,6 +119,7 @@ impl Host {
             next_cid: 1,
             outgoing: HashMap::new(),
             incoming: HashMap::new(),
+            events: Vec::new(),
         }
     }
 
@@ -214,7 +217,10 @@ impl Host {
         loop {
             let (ch, hdr, data) = self.recv_pdu()?;
             match ch.pdu_type {
-                pdu::CAPSULE_RESP => return Ok(Event::Completion(Completion::parse(&hdr[8..24]))),
+                pdu::CAPSULE_RESP => {
+                    self.events.push(b'C');
+                    return Ok(Event::Completion(Completion::parse(&hdr[8..24])));
+                }
                 pdu::C2H_TERM_REQ => return Ok(Event::Term(le16(&hdr, 8))),
                 pdu::C2H_DATA => {
                     let cid = le16(&hdr, 8);
@@ -224,6 +230,7 @@ impl Host {
                     buf.extend_from_slice(&data);
                 }
                 pdu::R2T => {
+                    self.events.push(b'R');
                     let cid = le16(&hdr, 8);
                     let ttag = le16(&hdr, 10);
                     let off = le32(&hdr, 12) as usize;
