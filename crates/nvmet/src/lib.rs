@@ -31,4 +31,4 @@ pub mod status;
 
 pub use controller::{Subsystem, Target, TargetConfig, DISCOVERY_NQN};
 pub use namespace::{MemNamespace, Namespace, NsError};
-pub use server::Server;
+pub use server::{RunningServer, Server};

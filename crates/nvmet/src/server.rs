@@ -28,6 +28,29 @@ impl ShutdownHandle {
     }
 }
 
+/// A server running on its own thread ([`Server::spawn`]).
+pub struct RunningServer {
+    pub local_addr: SocketAddr,
+    stop: ShutdownHandle,
+    thread: JoinHandle<io::Result<()>>,
+}
+
+impl RunningServer {
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.stop.clone()
+    }
+
+    /// Stop accepting, close every connection (each notices within
+    /// [`crate::connection::POLL_INTERVAL`]) and wait for them: after this no
+    /// namespace is touched any more, so the storage behind it can be closed.
+    pub fn shutdown_and_join(self) -> io::Result<()> {
+        self.stop.shutdown();
+        self.thread
+            .join()
+            .map_err(|_| io::Error::other("NVMe/TCP server thread panicked"))?
+    }
+}
+
 /// An NVMe/TCP target listening on one TCP port.
 pub struct Server {
     listener: TcpListener,
@@ -65,6 +88,20 @@ impl Server {
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(self.shutdown.clone())
+    }
+
+    /// Run on a new thread (what `flashpool serve --nvme-tcp` will call beside NBD).
+    pub fn spawn(self) -> io::Result<RunningServer> {
+        let local_addr = self.local_addr()?;
+        let stop = self.shutdown_handle();
+        let thread = std::thread::Builder::new()
+            .name("nvmet-accept".into())
+            .spawn(move || self.run())?;
+        Ok(RunningServer {
+            local_addr,
+            stop,
+            thread,
+        })
     }
 
     /// Accept and serve connections until shut down; then wait for the

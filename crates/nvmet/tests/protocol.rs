@@ -657,3 +657,21 @@ fn r2t_buffers_are_bounded_and_waiting_writes_complete() {
         assert!(&got == data, "lba {lba}");
     }
 }
+
+#[test]
+fn shutdown_closes_live_connections() {
+    use flashpool_nvmet::Server;
+    let running = Server::bind("127.0.0.1:0", config())
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let (mut a, cntlid) = Host::admin(running.local_addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(running.local_addr, cntlid, 1, false, false);
+    let t0 = Instant::now();
+    running.shutdown_and_join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    let mut b = [0u8; 1];
+    assert_eq!(a.stream.read(&mut b).unwrap_or(0), 0);
+    assert_eq!(io.stream.read(&mut b).unwrap_or(0), 0);
+}

@@ -39,35 +39,31 @@ pub fn config() -> TargetConfig {
     }
 }
 
-/// A running server on 127.0.0.1:ephemeral.
+/// A running server on 127.0.0.1:ephemeral; dropping it shuts it down and
+/// waits for every connection thread.
 pub struct TestServer {
     pub addr: SocketAddr,
     pub target: Arc<Target>,
-    stop: flashpool_nvmet::server::ShutdownHandle,
-    thread: Option<JoinHandle<()>>,
+    running: Option<flashpool_nvmet::RunningServer>,
 }
 
 impl TestServer {
     pub fn start() -> TestServer {
         let server = Server::bind("127.0.0.1:0", config()).unwrap();
-        let addr = server.local_addr().unwrap();
         let target = server.target().clone();
-        let stop = server.shutdown_handle();
-        let thread = Some(std::thread::spawn(move || server.run().unwrap()));
+        let running = server.spawn().unwrap();
         TestServer {
-            addr,
+            addr: running.local_addr,
             target,
-            stop,
-            thread,
+            running: Some(running),
         }
     }
 }
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        self.stop.shutdown();
-        if let Some(t) = self.thread.take() {
-            t.join().expect("server thread panicked");
+        if let Some(r) = self.running.take() {
+            r.shutdown_and_join().expect("server shut down cleanly");
         }
     }
 }
