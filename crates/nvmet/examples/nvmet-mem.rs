@@ -6,6 +6,8 @@
 //! nqn.2024-01.io.flashpool:mem), `--size SIZE` per namespace (default 256M),
 //! `--namespaces N` (default 1), `--block-size 512|4096` (default 4096).
 //! Prints `nvme-tcp://ADDR/NQN` once listening; stops on SIGINT/SIGTERM.
+//! SIGUSR1 adds a namespace (the next NSID), SIGUSR2 removes the last one:
+//! connected hosts get a namespace-attribute-changed asynchronous event.
 //! NVMET_LOG sets the tracing filter (e.g. NVMET_LOG=debug).
 
 use std::sync::Arc;
@@ -73,12 +75,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("NVMET_LOG"))
             .init();
     }
-    let mut sub = Subsystem::new(nqn.clone(), "nvmet-mem");
-    for i in 1..=count {
+    let ns = move |i: u32| {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(b"nvmetmem");
         id[12..].copy_from_slice(&i.to_be_bytes());
-        sub.add_namespace(i, Arc::new(MemNamespace::new(size, bs, id)));
+        Arc::new(MemNamespace::new(size, bs, id))
+    };
+    let nqn_sig = nqn.clone();
+    let sub = Subsystem::new(nqn.clone(), "nvmet-mem");
+    for i in 1..=count {
+        sub.add_namespace(i, ns(i));
     }
     let config = TargetConfig {
         subsystems: vec![sub],
@@ -87,13 +93,30 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let server = Server::bind(listen.as_str(), config)?;
     let stop = server.shutdown_handle();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])?;
+    let target = server.target().clone();
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGUSR2])?;
     std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            stop.shutdown();
+        let mut last = count;
+        for sig in signals.forever() {
+            match sig {
+                // Hot-plug: a namespace more (SIGUSR1) or the last one less (SIGUSR2).
+                SIGUSR1 => {
+                    last += 1;
+                    target.add_namespace(&nqn_sig, last, ns(last));
+                    eprintln!("nvmet-mem: added namespace {last}");
+                }
+                SIGUSR2 if last > 0 => {
+                    target.remove_namespace(&nqn_sig, last);
+                    eprintln!("nvmet-mem: removed namespace {last}");
+                    last -= 1;
+                }
+                SIGUSR2 => {}
+                _ => {
+                    stop.shutdown();
+                    break;
+                }
+            }
         }
     });
     println!("nvme-tcp://{}/{nqn}", server.local_addr()?);

@@ -65,7 +65,7 @@ fn identify(ctrl: &Controller, cmd: &Command) -> Outcome {
     match cns {
         CNS_CTRL => Outcome::data(identify_controller(ctrl)),
         CNS_NS | CNS_NS_DESC_LIST => {
-            let Some(ns) = ctrl.subsystem().and_then(|s| s.namespaces.get(&nsid)) else {
+            let Some(ns) = ctrl.subsystem().and_then(|s| s.namespace(nsid)) else {
                 return Outcome::status(Status::INVALID_NS);
             };
             let mut b = vec![0u8; 4096];
@@ -98,13 +98,13 @@ fn identify(ctrl: &Controller, cmd: &Command) -> Outcome {
                     return Outcome::status(Status::INVALID_NS);
                 }
                 for (i, id) in s
-                    .namespaces
-                    .keys()
-                    .filter(|&&id| id > nsid)
+                    .nsids()
+                    .into_iter()
+                    .filter(|&id| id > nsid)
                     .take(1024)
                     .enumerate()
                 {
-                    put32(&mut b, i * 4, *id);
+                    put32(&mut b, i * 4, id);
                 }
             }
             Outcome::data(b)
@@ -122,7 +122,7 @@ pub fn identify_controller(ctrl: &Controller) -> Vec<u8> {
             s.model.as_str(),
             s.firmware.as_str(),
             s.nqn.as_str(),
-            s.namespaces.keys().last().copied().unwrap_or(0),
+            s.nsids().last().copied().unwrap_or(0),
         ),
         None => (
             "discovery",
@@ -140,6 +140,9 @@ pub fn identify_controller(ctrl: &Controller) -> Vec<u8> {
     b[77] = MDTS;
     put16(&mut b, 78, ctrl.cntlid);
     put32(&mut b, 80, VERSION);
+    if !ctrl.is_discovery() {
+        put32(&mut b, 92, controller::AEC_NS_ATTR); // OAES: namespace attribute notices
+    }
     b[111] = if ctrl.is_discovery() { 2 } else { 1 }; // CNTRLTYPE
     b[258] = 3; // ACL (0's based)
     b[259] = AERL;
@@ -249,7 +252,7 @@ fn get_log_page(ctrl: &Controller, target: &Target, cmd: &Command, local_addr: &
             put_str(&mut b, 8, 8, &fw, b' ');
             b
         }
-        (LID_CHANGED_NS, false) => vec![0u8; 4096],
+        (LID_CHANGED_NS, false) => ctrl.changed_ns_log(cmd.cdw(10) & (1 << 15) != 0),
         _ => return Outcome::status(Status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 {

@@ -222,6 +222,7 @@ impl Connection {
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) =>
                 {
+                    self.deliver_events()?;
                     if !self.alive() {
                         return Err(io::Error::new(
                             io::ErrorKind::TimedOut,
@@ -267,7 +268,38 @@ impl Connection {
         Ok(())
     }
 
+    /// On the admin queue: complete a held Asynchronous Event Request with a
+    /// pending event (a namespace was added or removed).
+    fn deliver_events(&mut self) -> io::Result<()> {
+        if self.q.qid != 0 || self.held.is_empty() {
+            return Ok(());
+        }
+        let Some(ctrl) = self.q.ctrl.clone() else {
+            return Ok(());
+        };
+        let Some(result) = ctrl.take_event() else {
+            return Ok(());
+        };
+        let Some(&cid) = self.held.iter().min() else {
+            return Ok(());
+        };
+        self.held.remove(&cid);
+        {
+            let mut r = ctrl.regs();
+            r.aers_outstanding = r.aers_outstanding.saturating_sub(1);
+        }
+        let cqe = Completion {
+            result,
+            sq_head: self.q.sq_head,
+            sq_id: 0,
+            cid,
+            status: Status::SUCCESS.to_field(),
+        };
+        self.stream.write_all(&pdu::capsule_resp(&cqe, self.hdgst))
+    }
+
     fn next_pdu(&mut self) -> Result<(), Fatal> {
+        self.deliver_events()?;
         let mut h = [0u8; 8];
         self.read_full(&mut h)?;
         let ch = CommonHeader::parse(&h);

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::namespace::Namespace;
@@ -44,14 +44,27 @@ pub const REG_CSTS: u32 = 0x1c;
 /// Version 1.3.0.
 pub const VERSION: u32 = 0x0001_0300;
 
-/// One NVM subsystem: an NQN and its namespaces by NSID.
-#[derive(Clone)]
+/// One NVM subsystem: an NQN and its namespaces by NSID. Namespaces can be
+/// added and removed while serving ([`Target::add_namespace`],
+/// [`Target::remove_namespace`] also tell the controllers).
 pub struct Subsystem {
     pub nqn: String,
     pub serial: String,
     pub model: String,
     pub firmware: String,
-    pub namespaces: BTreeMap<u32, Arc<dyn Namespace>>,
+    namespaces: RwLock<BTreeMap<u32, Arc<dyn Namespace>>>,
+}
+
+impl Clone for Subsystem {
+    fn clone(&self) -> Subsystem {
+        Subsystem {
+            nqn: self.nqn.clone(),
+            serial: self.serial.clone(),
+            model: self.model.clone(),
+            firmware: self.firmware.clone(),
+            namespaces: RwLock::new(self.map().clone()),
+        }
+    }
 }
 
 impl Subsystem {
@@ -61,13 +74,43 @@ impl Subsystem {
             serial: serial.into(),
             model: "flashpool".into(),
             firmware: env!("CARGO_PKG_VERSION").into(),
-            namespaces: BTreeMap::new(),
+            namespaces: RwLock::new(BTreeMap::new()),
         }
     }
-    /// Add namespace `nsid` (1..=0xFFFFFFFE).
-    pub fn add_namespace(&mut self, nsid: u32, ns: Arc<dyn Namespace>) {
+
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u32, Arc<dyn Namespace>>> {
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add (or replace) namespace `nsid` (1..=0xFFFFFFFE).
+    pub fn add_namespace(&self, nsid: u32, ns: Arc<dyn Namespace>) {
         assert!(nsid != 0 && nsid != u32::MAX, "invalid NSID");
-        self.namespaces.insert(nsid, ns);
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(nsid, ns);
+    }
+
+    /// Remove namespace `nsid`; whether it existed.
+    pub fn remove_namespace(&self, nsid: u32) -> bool {
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nsid)
+            .is_some()
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<dyn Namespace>> {
+        self.map().get(&nsid).cloned()
+    }
+
+    /// Active NSIDs, ascending.
+    pub fn nsids(&self) -> Vec<u32> {
+        self.map().keys().copied().collect()
+    }
+
+    pub fn all_namespaces(&self) -> Vec<Arc<dyn Namespace>> {
+        self.map().values().cloned().collect()
     }
 }
 
@@ -102,6 +145,25 @@ pub struct CtrlRegs {
     pub io_qids: std::collections::BTreeSet<u16>,
 }
 
+/// Asynchronous event state of a controller (namespace attribute changes).
+#[derive(Debug, Default)]
+pub struct CtrlEvents {
+    /// NSIDs changed since the Changed Namespace List log was last read.
+    pub changed: Vec<u32>,
+    /// More than 1024 changed: the log reports 0xFFFFFFFF.
+    pub overflow: bool,
+    /// An event waits for an Asynchronous Event Request to carry it.
+    pub pending: bool,
+    /// An event was reported; more of the type wait until the log is read.
+    pub masked: bool,
+}
+
+/// AER completion dword 0 for "namespace attribute changed": type Notice (2),
+/// information 0, log page 0x04.
+pub const AEN_NS_CHANGED: u64 = 0x0004_0002;
+/// Async Event Configuration bit enabling namespace attribute notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
+
 /// One controller (admin queue plus its I/O queues).
 pub struct Controller {
     pub cntlid: u16,
@@ -109,6 +171,7 @@ pub struct Controller {
     pub hostnqn: String,
     pub hostid: [u8; 16],
     pub regs: Mutex<CtrlRegs>,
+    pub events: Mutex<CtrlEvents>,
     /// Keep-alive timeout in ms (0: none).
     pub kato_ms: AtomicU32,
     /// Last traffic, ms since the target started.
@@ -164,6 +227,58 @@ impl Controller {
             return false;
         }
         true
+    }
+
+    fn ev(&self) -> std::sync::MutexGuard<'_, CtrlEvents> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Namespace `nsid` was added or removed.
+    pub fn notify_ns_changed(&self, nsid: u32) {
+        let enabled = self.regs().aec & AEC_NS_ATTR != 0;
+        let mut e = self.ev();
+        if !e.overflow && !e.changed.contains(&nsid) {
+            if e.changed.len() >= 1024 {
+                e.overflow = true;
+                e.changed.clear();
+            } else {
+                e.changed.push(nsid);
+            }
+        }
+        if enabled && !e.masked {
+            e.pending = true;
+        }
+    }
+
+    /// The next event to complete an AER with, if any (and mask its type).
+    pub fn take_event(&self) -> Option<u64> {
+        let mut e = self.ev();
+        if !e.pending {
+            return None;
+        }
+        e.pending = false;
+        e.masked = true;
+        Some(AEN_NS_CHANGED)
+    }
+
+    /// The Changed Namespace List log page; reading it without RAE clears it
+    /// and unmasks the event.
+    pub fn changed_ns_log(&self, retain: bool) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        let mut e = self.ev();
+        if e.overflow {
+            b[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        } else {
+            for (i, id) in e.changed.iter().enumerate() {
+                b[i * 4..i * 4 + 4].copy_from_slice(&id.to_le_bytes());
+            }
+        }
+        if !retain {
+            e.changed.clear();
+            e.overflow = false;
+            e.masked = false;
+        }
+        b
     }
 
     /// CAP: MQES, CQR, TO = 7.5 s, CSS = NVM command set, MPSMIN = MPSMAX = 4 KiB.
@@ -230,8 +345,11 @@ pub struct Target {
 const MAX_CNTLID: u16 = 0xFFEF;
 
 impl Target {
-    pub fn new(config: TargetConfig) -> Arc<Target> {
-        let subsystems = config.subsystems.iter().cloned().map(Arc::new).collect();
+    pub fn new(mut config: TargetConfig) -> Arc<Target> {
+        let subsystems = std::mem::take(&mut config.subsystems)
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         Arc::new(Target {
             config,
             subsystems,
@@ -271,6 +389,7 @@ impl Target {
                 hostnqn,
                 hostid,
                 regs: Mutex::new(CtrlRegs::default()),
+                events: Mutex::new(CtrlEvents::default()),
                 kato_ms: AtomicU32::new(kato_ms),
                 last_seen_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
                 dead: AtomicBool::new(false),
@@ -290,6 +409,40 @@ impl Target {
     pub fn remove_controller(&self, cntlid: u16) {
         if let Some(c) = self.ctrls().remove(&cntlid) {
             c.kill();
+        }
+    }
+
+    /// Add (or replace) namespace `nsid` of subsystem `nqn` while serving and
+    /// tell its controllers (Changed Namespace List, asynchronous event).
+    /// False when there is no such subsystem.
+    pub fn add_namespace(&self, nqn: &str, nsid: u32, ns: Arc<dyn Namespace>) -> bool {
+        let Some(s) = self.subsystem(nqn) else {
+            return false;
+        };
+        s.add_namespace(nsid, ns);
+        self.notify(nqn, nsid);
+        true
+    }
+
+    /// Remove namespace `nsid` of subsystem `nqn` while serving (commands
+    /// already running finish); false when there was none.
+    pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> bool {
+        let Some(s) = self.subsystem(nqn) else {
+            return false;
+        };
+        if !s.remove_namespace(nsid) {
+            return false;
+        }
+        self.notify(nqn, nsid);
+        true
+    }
+
+    fn notify(&self, nqn: &str, nsid: u32) {
+        let ctrls: Vec<Arc<Controller>> = self.ctrls().values().cloned().collect();
+        for c in ctrls {
+            if c.subsystem().is_some_and(|s| s.nqn == nqn) {
+                c.notify_ns_changed(nsid);
+            }
         }
     }
 

@@ -27,9 +27,9 @@ fn ns_status(e: NsError) -> Status {
     }
 }
 
-fn namespace(ctrl: &Controller, nsid: u32) -> Result<&Arc<dyn Namespace>, Status> {
+fn namespace(ctrl: &Controller, nsid: u32) -> Result<Arc<dyn Namespace>, Status> {
     ctrl.subsystem()
-        .and_then(|s| s.namespaces.get(&nsid))
+        .and_then(|s| s.namespace(nsid))
         .ok_or(Status::INVALID_NS)
 }
 
@@ -118,7 +118,7 @@ pub fn execute(ctrl: &Controller, cmd: &Command, data: &[u8], xfer_len: u32) -> 
         }
         OPC_FLUSH => match ctrl.subsystem() {
             Some(s) if cmd.nsid() == u32::MAX => {
-                s.namespaces.values().try_for_each(|ns| ns.flush())
+                s.all_namespaces().iter().try_for_each(|ns| ns.flush())
             }
             _ => match namespace(ctrl, cmd.nsid()) {
                 Ok(ns) => ns.flush(),

@@ -587,7 +587,7 @@ fn duplicate_qid_and_outstanding_cid_are_refused() {
 fn namespace_with_512_byte_blocks() {
     use flashpool_nvmet::{MemNamespace, Server, Subsystem, TargetConfig};
     use std::sync::Arc;
-    let mut s = Subsystem::new(NQN, "s512");
+    let s = Subsystem::new(NQN, "s512");
     s.add_namespace(1, Arc::new(MemNamespace::new(1 << 20, 512, [5; 16])));
     let server = Server::bind(
         "127.0.0.1:0",
@@ -674,4 +674,66 @@ fn shutdown_closes_live_connections() {
     let mut b = [0u8; 1];
     assert_eq!(a.stream.read(&mut b).unwrap_or(0), 0);
     assert_eq!(io.stream.read(&mut b).unwrap_or(0), 0);
+}
+
+#[test]
+fn namespace_added_and_removed_while_serving() {
+    use flashpool_nvmet::MemNamespace;
+    use std::sync::Arc;
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    let (_, id) = a.identify(1, 0);
+    assert_ne!(
+        le32(&id, 92) & (1 << 8),
+        0,
+        "OAES: namespace attribute notices"
+    );
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    // Enable the notice and hold an AER, as the kernel does.
+    let (s, _, _) = a.admin_cmd(0x09, 0, 0x0B, 1 << 8, 0);
+    assert_eq!(s, Status::SUCCESS);
+    let mut aer = Command::new(0x0C, 900, 0);
+    aer.set_sgl(0, 0, pdu::SGL_TRANSPORT);
+    a.submit(aer, &[], None);
+    assert_eq!(io.read(3, 0, 1).0, Status::INVALID_NS);
+
+    assert!(srv.target.add_namespace(
+        NQN,
+        3,
+        Arc::new(MemNamespace::new(1 << 20, 4096, [0x33; 16]))
+    ));
+    let c = a.completion();
+    assert_eq!(
+        (c.cid, c.result, Status::from_field(c.status)),
+        (900, 0x0004_0002, Status::SUCCESS)
+    );
+    let (s, _, log) = a.admin_cmd(0x02, 0xFFFF_FFFF, 0x04 | (1024 - 1) << 16, 0, 4096);
+    assert_eq!(s, Status::SUCCESS);
+    assert_eq!(
+        (le32(&log, 0), le32(&log, 4)),
+        (3, 0),
+        "changed namespace list"
+    );
+    let (_, list) = a.identify(2, 0);
+    assert_eq!((le32(&list, 0), le32(&list, 4), le32(&list, 8)), (1, 2, 3));
+    assert_eq!(io.write(3, 0, &[0x5A; BS], true), Status::SUCCESS);
+    assert_eq!(io.read(3, 0, 1), (Status::SUCCESS, vec![0x5A; BS]));
+
+    // Removal: no AER outstanding now, so the event waits for the next one.
+    assert!(srv.target.remove_namespace(NQN, 2));
+    assert!(!srv.target.remove_namespace(NQN, 2));
+    assert_eq!(io.read(2, 0, 1).0, Status::INVALID_NS);
+    let mut aer = Command::new(0x0C, 901, 0);
+    aer.set_sgl(0, 0, pdu::SGL_TRANSPORT);
+    a.submit(aer, &[], None);
+    let c = a.completion();
+    assert_eq!((c.cid, c.result), (901, 0x0004_0002));
+    let (_, _, log) = a.admin_cmd(0x02, 0xFFFF_FFFF, 0x04 | (1024 - 1) << 16, 0, 4096);
+    assert_eq!((le32(&log, 0), le32(&log, 4)), (2, 0));
+    // Read without RAE cleared it.
+    let (_, _, log) = a.admin_cmd(0x02, 0xFFFF_FFFF, 0x04 | (1024 - 1) << 16, 0, 4096);
+    assert_eq!(le32(&log, 0), 0);
+    let (_, list) = a.identify(2, 0);
+    assert_eq!((le32(&list, 0), le32(&list, 4), le32(&list, 8)), (1, 3, 0));
 }

@@ -23,7 +23,7 @@ pub const NS_BYTES: u64 = 64 << 20;
 pub const BS: usize = 4096;
 
 pub fn config() -> TargetConfig {
-    let mut s = Subsystem::new(NQN, "test-serial");
+    let s = Subsystem::new(NQN, "test-serial");
     s.add_namespace(
         1,
         Arc::new(MemNamespace::new(NS_BYTES, BS as u32, [0x11; 16])),
