@@ -87,6 +87,7 @@ echo "hotplug: done"
 GUEST
 HLOG=$LOGS/kernel-nvme-hotplug.log
 echo "guest (hotplug): namespace 2 added and removed while connected"
+rm -f "$HLOG" # an old console must not answer wait_console
 GUEST_LOG=$HLOG bash "$GUEST/run-guest.sh" "$WORK/hotplug.sh" \
     NVME_ADDR=10.0.2.2 NVME_PORT="$PORT" NVME_NQN="$NQN" &
 GPID=$!
