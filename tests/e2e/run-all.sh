@@ -53,6 +53,7 @@ CHECKS=(
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
     "kernel-nvme:check-kernel-nvme.sh"
+    "kernel-nvme-pool:check-kernel-nvme-pool.sh"
 )
 pass=0; fail=0; skipped=0
 for entry in "${CHECKS[@]}"; do

@@ -11,6 +11,7 @@ mod bench;
 mod datadir;
 mod drive;
 mod export;
+mod nvme;
 mod scrub;
 mod serve;
 mod sim;

@@ -19,6 +19,13 @@ pub struct ServeArgs {
     /// TCP address to listen on.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: String,
+    /// Also serve every volume over NVMe/TCP on HOST[:PORT] (port 4420 when none): one
+    /// subsystem per pool, one namespace per volume.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub nvme_tcp: Option<String>,
+    /// The NVMe subsystem NQN (default: derived from the pool's UUID).
+    #[arg(long, requires = "nvme_tcp")]
+    pub nvme_nqn: Option<String>,
     /// Also listen on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -160,6 +167,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ..Config::default()
     };
     let mut server = Server::new(Arc::new(PoolExports(pool.clone())), config)?;
+    let nvme = match &a.nvme_tcp {
+        Some(addr) => {
+            let (running, uri) = crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone())?;
+            if a.stdio {
+                eprintln!("{uri}");
+            } else {
+                println!("{uri}");
+            }
+            Some(running)
+        }
+        None => None,
+    };
     let say = |line: String| {
         if a.stdio {
             eprintln!("{line}")
@@ -204,6 +223,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
         server.run().context("serving NBD")?;
+    }
+    if let Some(n) = nvme {
+        // Every NVMe/TCP connection ends before the pool closes under it.
+        if let Err(e) = n.shutdown_and_join() {
+            tracing::warn!(error = %e, "stopping the NVMe/TCP target");
+        }
     }
     stop_cleaner.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = cleaner.join();

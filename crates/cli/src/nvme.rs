@@ -1,0 +1,132 @@
+//! The NVMe/TCP door of `flashpool serve --nvme-tcp`: one NVM subsystem per pool (NQN from the
+//! pool's UUID unless `--nvme-nqn`), one namespace per volume of 4 KiB logical blocks (NSID =
+//! the volume's id, which is never reused, so it is stable across restarts and deletes;
+//! NGUID/UUID from the pool and volume ids), served by `flashpool-nvmet` beside NBD through
+//! the same engine calls as the NBD export (export.rs), with the same error mapping by errno.
+
+use anyhow::{Context, Result};
+use flashpool_engine::{Pool, Volume};
+use flashpool_nvmet::{Namespace, NsError, RunningServer, Server, Subsystem, TargetConfig};
+use std::sync::Arc;
+
+/// Default NVMe/TCP port (IANA).
+pub const DEFAULT_PORT: u16 = 4420;
+
+/// A volume as an NVMe namespace.
+struct VolumeNamespace {
+    vol: Volume,
+    uuid: [u8; 16],
+}
+
+const LBA: u64 = 4096;
+
+fn ns_error(e: flashpool_engine::Error) -> NsError {
+    match e {
+        flashpool_engine::Error::OutOfRange { .. } => NsError::OutOfRange,
+        e => match e.errno() {
+            libc::ENOSPC => NsError::NoSpace,
+            libc::EROFS => NsError::ReadOnly,
+            _ => NsError::Io(e.to_string()),
+        },
+    }
+}
+
+impl Namespace for VolumeNamespace {
+    fn block_size(&self) -> u32 {
+        LBA as u32
+    }
+    fn blocks(&self) -> u64 {
+        self.vol.size() / LBA
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), NsError> {
+        self.vol.read(lba * LBA, buf).map_err(ns_error)
+    }
+    fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), NsError> {
+        if fua {
+            self.vol.write_fua(lba * LBA, data).map_err(ns_error)
+        } else {
+            self.vol.write(lba * LBA, data).map_err(ns_error)
+        }
+    }
+    fn flush(&self) -> Result<(), NsError> {
+        self.vol.flush().map_err(ns_error)
+    }
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        self.vol.trim(lba * LBA, count * LBA).map_err(ns_error)
+    }
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        self.vol
+            .write_zeroes(lba * LBA, count * LBA)
+            .map_err(ns_error)
+    }
+}
+
+/// The subsystem NQN of a pool.
+pub fn pool_nqn(pool: &Pool) -> String {
+    format!(
+        "nqn.2024-01.io.flashpool:pool-{}",
+        uuid::Uuid::from_bytes(pool.uuid())
+    )
+}
+
+/// `HOST` or `HOST:PORT` (IPv6 in brackets) with the NVMe/TCP default port.
+pub fn with_default_port(addr: &str) -> String {
+    let has_port = if addr.starts_with('[') {
+        addr.contains("]:")
+    } else {
+        addr.matches(':').count() == 1
+    };
+    match (
+        has_port,
+        addr.matches(':').count() > 1 && !addr.starts_with('['),
+    ) {
+        (true, _) => addr.to_string(),
+        (false, true) => format!("[{addr}]:{DEFAULT_PORT}"),
+        (false, false) => format!("{addr}:{DEFAULT_PORT}"),
+    }
+}
+
+/// Starts the NVMe/TCP target for every volume of `pool` on `listen`.
+pub fn spawn(pool: &Pool, listen: &str, nqn: Option<String>) -> Result<(RunningServer, String)> {
+    let nqn = nqn.unwrap_or_else(|| pool_nqn(pool));
+    let sub = Subsystem::new(nqn.clone(), "flashpool");
+    for v in pool.volumes() {
+        let mut uuid = pool.uuid();
+        for (b, x) in uuid[12..].iter_mut().zip(v.id.to_be_bytes()) {
+            *b ^= x;
+        }
+        let vol = pool.volume(&v.name)?;
+        sub.add_namespace(v.id, Arc::new(VolumeNamespace { vol, uuid }));
+    }
+    let addr = with_default_port(listen);
+    let server = Server::bind(
+        addr.as_str(),
+        TargetConfig {
+            subsystems: vec![sub],
+            traddr: String::new(),
+            trsvcid: String::new(),
+        },
+    )
+    .with_context(|| format!("--nvme-tcp {addr}: cannot listen there"))?;
+    let local = server.local_addr()?;
+    let running = server.spawn()?;
+    Ok((running, format!("nvme-tcp://{local}/{nqn}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_port_only_when_none_given() {
+        assert_eq!(with_default_port("127.0.0.1"), "127.0.0.1:4420");
+        assert_eq!(with_default_port("127.0.0.1:5000"), "127.0.0.1:5000");
+        assert_eq!(with_default_port("localhost"), "localhost:4420");
+        assert_eq!(with_default_port("[::1]:5000"), "[::1]:5000");
+        assert_eq!(with_default_port("[::1]"), "[::1]:4420");
+        assert_eq!(with_default_port("::1"), "[::1]:4420");
+    }
+}
