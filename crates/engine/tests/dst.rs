@@ -135,6 +135,16 @@ enum Op {
     AddDrive,
     /// Relocate the live data of failed or missing drives and retire them.
     Rebuild,
+    /// Replace a faulty member by a fresh drive (`Pool::replace_drive`: add, fail, rebuild);
+    /// `pick` chooses among the faulty members.
+    Replace {
+        pick: u64,
+    },
+    /// Put a member that is out of service back (`Pool::readmit_drive`); `pick` chooses
+    /// among them.
+    Readmit {
+        pick: u64,
+    },
 }
 
 /// The free-segment target of an explicit cleaner run.
@@ -382,6 +392,11 @@ struct Tally {
     engine_checkpoints: u64,
     drives_added: u64,
     add_drive_skipped: u64,
+    /// Member replacements done, skipped (no faulty member, or too many drives), and
+    /// re-admissions.
+    replaces: u64,
+    replace_skipped: u64,
+    readmits: u64,
     /// Drives that are not members presented at opens, by kind, all set aside.
     strangers_foreign: u64,
     strangers_blank: u64,
@@ -1089,7 +1104,16 @@ impl World {
                     Some(Op::Gc { policy, target })
                 }
                 93 => Some(Op::AddDrive),
-                94 | 97 => Some(Op::Rebuild),
+                94 => Some(Op::Rebuild),
+                97 => Some(if self.rng.random_range(0..2) == 0 {
+                    Op::Replace {
+                        pick: self.rng.random(),
+                    }
+                } else {
+                    Op::Readmit {
+                        pick: self.rng.random(),
+                    }
+                }),
                 95 => self.pick_vol().map(|(name, _)| Op::SetCompression {
                     name,
                     compression: self.compression(),
@@ -1246,6 +1270,8 @@ impl World {
             Op::Gc { policy, target } => self.gc(*policy, *target)?,
             Op::AddDrive => self.add_drive()?,
             Op::Rebuild => self.rebuild()?,
+            Op::Replace { pick } => self.replace(*pick)?,
+            Op::Readmit { pick } => self.readmit(*pick)?,
         }
         Ok(())
     }
@@ -1417,6 +1443,82 @@ impl World {
         self.verify_current("after drive add")
     }
 
+    /// Replaces a faulty member by a fresh drive; the retired member leaves the fault budget
+    /// as after a rebuild, and every block must read back.
+    fn replace(&mut self, pick: u64) -> Check {
+        let cands: Vec<usize> = self
+            .faulty
+            .iter()
+            .copied()
+            .filter(|i| !self.retired.contains(i))
+            .collect();
+        let n = self.mems.len();
+        if cands.is_empty() || n >= self.k + self.m + 3 {
+            self.tally.replace_skipped += 1;
+            return Ok(());
+        }
+        let old = cands[pick as usize % cands.len()];
+        let size = self.mems[0].info().size;
+        let mem = Arc::new(MemDrive::tracked(size, format!("mem:{n}")));
+        let (d, s) = FaultDrive::new(mem.clone() as DriveRef);
+        let before = self.pool().drives().len();
+        let r = self.pool().replace_drive(old, d as DriveRef);
+        if self.pool().drives().len() > before {
+            self.mems.push(mem);
+            self.switches.push(s);
+            self.tally.drives_added += 1;
+        }
+        match r {
+            Ok(_) => self.tally.replaces += 1,
+            Err(Error::NoSpace) => return self.nospace("replace"),
+            // Taking a member out beyond what parity covers is refused: fine.
+            Err(Error::InvalidArgument(m)) if m.contains("parity covers") => {}
+            Err(e) => return fail(format!("replace {old}: {e}")),
+        }
+        self.note_retired()?;
+        self.verify_current("after replace")
+    }
+
+    /// Re-admits a member that is out of service (failed or written off by faults); the
+    /// engine moves what it missed first, and every block must read back.
+    fn readmit(&mut self, pick: u64) -> Check {
+        let cands: Vec<usize> = self
+            .pool()
+            .drives()
+            .iter()
+            .filter(|d| d.state == "failed")
+            .map(|d| d.index)
+            .collect();
+        if cands.is_empty() {
+            return Ok(());
+        }
+        let i = cands[pick as usize % cands.len()];
+        match self.pool().readmit_drive(i) {
+            Ok(()) => self.tally.readmits += 1,
+            Err(Error::NoSpace) => return self.nospace("readmit"),
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return fail(format!("readmit {i}: {e}")),
+        }
+        self.verify_current("after readmit")
+    }
+
+    /// Takes the members the superblocks record as retired out of the fault budget; a retired
+    /// member must have had a fault.
+    fn note_retired(&mut self) -> Check {
+        let states = self.member_states();
+        for (i, st) in states.iter().enumerate() {
+            if *st == MEMBER_RETIRED && self.retired.insert(i) {
+                if !self.faulty.contains(&i) {
+                    return fail(format!("drive {i} retired, which had no fault"));
+                }
+                self.faulty.remove(&i);
+                self.write_faulty.remove(&i);
+                self.tally.drives_retired += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Rebuilds whatever depended on failed or missing drives; the drives the engine retires
     /// leave the fault budget (the pool tolerates m new failures among the others), and every
     /// block must read back as the model says.
@@ -1434,17 +1536,7 @@ impl World {
             Err(Error::NoSpace) => return self.nospace("rebuild"),
             Err(e) => return fail(format!("rebuild: {e}")),
         }
-        let states = self.member_states();
-        for (i, st) in states.iter().enumerate() {
-            if *st == MEMBER_RETIRED && self.retired.insert(i) {
-                if !self.faulty.contains(&i) {
-                    return fail(format!("rebuild retired drive {i}, which had no fault"));
-                }
-                self.faulty.remove(&i);
-                self.write_faulty.remove(&i);
-                self.tally.drives_retired += 1;
-            }
-        }
+        self.note_retired()?;
         self.verify_current("after rebuild")?;
         // Nothing may depend on a retired drive: with one more drive unreadable (when the
         // budget allows it), every block must still read back.
@@ -1683,6 +1775,9 @@ impl Tally {
         self.engine_checkpoints += o.engine_checkpoints;
         self.drives_added += o.drives_added;
         self.add_drive_skipped += o.add_drive_skipped;
+        self.replaces += o.replaces;
+        self.replace_skipped += o.replace_skipped;
+        self.readmits += o.readmits;
         self.strangers_foreign += o.strangers_foreign;
         self.strangers_blank += o.strangers_blank;
         self.strangers_stale += o.strangers_stale;
@@ -1754,7 +1849,7 @@ fn deterministic_simulation() {
          cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
-         k + m + 3 drives); not members presented and set aside: {} foreign, {} blank, {} stale \
+         k + m + 3 drives); {} replaces ({} skipped), {} re-admissions; not members presented and set aside: {} foreign, {} blank, {} stale \
          copies; {} opens under random names; {} strict seeds ended read-only by design; {} failed",
         t.seeds,
         t.small_seeds,
@@ -1796,6 +1891,9 @@ fn deterministic_simulation() {
         t.nospace_errors,
         t.drives_added,
         t.add_drive_skipped,
+        t.replaces,
+        t.replace_skipped,
+        t.readmits,
         t.strangers_foreign,
         t.strangers_blank,
         t.strangers_stale,
