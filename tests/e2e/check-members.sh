@@ -32,6 +32,8 @@ cleanup_server_only() {
     if [ -n "${SERVER_PID:-}" ]; then kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=; fi
 }
 trap cleanup_all EXIT
+# A timeout or ^C ends the check through its EXIT trap, so no loop device is left attached.
+trap "exit 143" TERM INT
 FP="$TARGET/release/flashpool"
 
 # attach FILE: attaches a loop device and appends its path to DEVS.
