@@ -3,7 +3,7 @@
 //! read/write/trim, `D` = discard), offset and length in bytes. Blank lines, `#` comments
 //! and a header line are skipped.
 
-use super::{line_error, parse_time, RawRequest};
+use super::{parse_comma_lines, parse_time, RawRequest};
 use crate::workload::IoOp;
 
 /// The op of a CSV line.
@@ -18,36 +18,18 @@ pub(crate) fn parse_op(s: &str) -> Option<IoOp> {
 
 /// Parses the CSV trace format.
 pub fn parse_csv(text: &str) -> Result<Vec<RawRequest>, String> {
-    let mut out = Vec::new();
-    let mut header_seen = false;
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if out.is_empty() && !header_seen && f[0].parse::<f64>().is_err() {
-            header_seen = true;
-            continue;
-        }
-        let bad = |what: &str| line_error(i + 1, what, line);
-        if f.len() < 4 {
-            return Err(bad("expected timestamp_us,op,offset,length"));
-        }
-        let time_ns = parse_time(f[0], 1e3).ok_or_else(|| bad("bad timestamp"))?;
-        let op = parse_op(f[1]).ok_or_else(|| bad("op must be R, W or T"))?;
-        let offset: u64 = f[2].parse().map_err(|_| bad("bad offset"))?;
-        let length: u64 = f[3].parse().map_err(|_| bad("bad length"))?;
-        out.push(RawRequest {
-            time_ns,
-            op,
-            offset,
-            length,
-            line: (i + 1) as u32,
-        });
-    }
-    if out.is_empty() {
-        return Err("the trace has no requests".into());
-    }
-    Ok(out)
+    parse_comma_lines(
+        text,
+        |first| first.parse::<f64>().is_err(),
+        |f, bad| {
+            if f.len() < 4 {
+                return Err(bad("expected timestamp_us,op,offset,length"));
+            }
+            let time_ns = parse_time(f[0], 1e3).ok_or_else(|| bad("bad timestamp"))?;
+            let op = parse_op(f[1]).ok_or_else(|| bad("op must be R, W or T"))?;
+            let offset: u64 = f[2].parse().map_err(|_| bad("bad offset"))?;
+            let length: u64 = f[3].parse().map_err(|_| bad("bad length"))?;
+            Ok((time_ns, op, offset, length))
+        },
+    )
 }

@@ -196,6 +196,43 @@ pub fn resolve(
     Ok(out)
 }
 
+/// The line loop the comma-separated formats share: blank and `#` lines skipped, a first
+/// line whose first field `is_header` says is not data skipped as a header, every other
+/// line's trimmed fields handed to `row` with a maker of line-numbered errors; fails when
+/// no request remains.
+pub(crate) fn parse_comma_lines(
+    text: &str,
+    is_header: impl Fn(&str) -> bool,
+    mut row: impl FnMut(&[&str], &dyn Fn(&str) -> String) -> Result<(u64, IoOp, u64, u64), String>,
+) -> Result<Vec<RawRequest>, String> {
+    let mut out = Vec::new();
+    let mut header_seen = false;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if out.is_empty() && !header_seen && is_header(f[0]) {
+            header_seen = true;
+            continue;
+        }
+        let bad = |what: &str| line_error(i + 1, what, line);
+        let (time_ns, op, offset, length) = row(&f, &bad)?;
+        out.push(RawRequest {
+            time_ns,
+            op,
+            offset,
+            length,
+            line: (i + 1) as u32,
+        });
+    }
+    if out.is_empty() {
+        return Err("the trace has no requests".into());
+    }
+    Ok(out)
+}
+
 /// The error for line `line` (1-based) of a trace.
 pub(crate) fn line_error(line: usize, what: &str, text: &str) -> String {
     let shown: String = text.chars().take(120).collect();

@@ -4,7 +4,7 @@
 //! offset and size in bytes, response time in ticks (ignored: the simulator measures its
 //! own). The files have no header; one is skipped if present, as are blank and `#` lines.
 
-use super::{line_error, RawRequest};
+use super::{parse_comma_lines, RawRequest};
 use crate::workload::IoOp;
 
 /// The `Type` field.
@@ -18,45 +18,27 @@ pub(crate) fn parse_type(s: &str) -> Option<IoOp> {
 
 /// Parses an MSR Cambridge CSV trace.
 pub fn parse_msr(text: &str) -> Result<Vec<RawRequest>, String> {
-    let mut out = Vec::new();
-    let mut header_seen = false;
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if out.is_empty() && !header_seen && f[0].parse::<u64>().is_err() {
-            header_seen = true;
-            continue;
-        }
-        let bad = |what: &str| line_error(i + 1, what, line);
-        if f.len() != 7 {
-            return Err(bad(
-                "expected 7 fields Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime",
-            ));
-        }
-        let ticks: u64 = f[0]
-            .parse()
-            .map_err(|_| bad("bad timestamp (Windows 100 ns ticks)"))?;
-        let time_ns = ticks
-            .checked_mul(100)
-            .ok_or_else(|| bad("timestamp too large"))?;
-        f[2].parse::<u32>().map_err(|_| bad("bad disk number"))?;
-        let op = parse_type(f[3]).ok_or_else(|| bad("type must be Read or Write"))?;
-        let offset: u64 = f[4].parse().map_err(|_| bad("bad offset"))?;
-        let length: u64 = f[5].parse().map_err(|_| bad("bad size"))?;
-        f[6].parse::<u64>().map_err(|_| bad("bad response time"))?;
-        out.push(RawRequest {
-            time_ns,
-            op,
-            offset,
-            length,
-            line: (i + 1) as u32,
-        });
-    }
-    if out.is_empty() {
-        return Err("the trace has no requests".into());
-    }
-    Ok(out)
+    parse_comma_lines(
+        text,
+        |first| first.parse::<u64>().is_err(),
+        |f, bad| {
+            if f.len() != 7 {
+                return Err(bad(
+                    "expected 7 fields Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime",
+                ));
+            }
+            let ticks: u64 = f[0]
+                .parse()
+                .map_err(|_| bad("bad timestamp (Windows 100 ns ticks)"))?;
+            let time_ns = ticks
+                .checked_mul(100)
+                .ok_or_else(|| bad("timestamp too large"))?;
+            f[2].parse::<u32>().map_err(|_| bad("bad disk number"))?;
+            let op = parse_type(f[3]).ok_or_else(|| bad("type must be Read or Write"))?;
+            let offset: u64 = f[4].parse().map_err(|_| bad("bad offset"))?;
+            let length: u64 = f[5].parse().map_err(|_| bad("bad size"))?;
+            f[6].parse::<u64>().map_err(|_| bad("bad response time"))?;
+            Ok((time_ns, op, offset, length))
+        },
+    )
 }
