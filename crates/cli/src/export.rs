@@ -18,6 +18,19 @@ impl Export for VolumeExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         self.0.read(offset, buf).map_err(err)
     }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
+        self.0
+            .read_many(reads)
+            .into_iter()
+            .map(|r| r.map_err(err))
+            .collect()
+    }
+    fn read_may_block(&self, offset: u64, len: u64) -> bool {
+        self.0.read_may_wait(offset, len)
+    }
+    fn write_may_block(&self, _offset: u64, len: u64) -> bool {
+        self.0.write_may_wait(len)
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         if fua {
             self.0.write_fua(offset, data)

@@ -486,6 +486,14 @@ impl Inner {
         g
     }
 
+    /// True when every member drive completes its operations at once (memory drives): then
+    /// no read or write waits for a device, and front-ends run them inline.
+    pub(crate) fn drives_complete_inline(&self) -> bool {
+        self.drives
+            .iter()
+            .all(|s| s.drive.as_ref().is_none_or(|d| d.completes_inline()))
+    }
+
     /// Drives out of service that the pool still depends on (retired ones do not count).
     pub(crate) fn drives_down(&self) -> usize {
         self.drives

@@ -1,8 +1,15 @@
 //! The read path: map lookup, then the stripe buffer (data not yet on the drives) or one drive
 //! read checked against the CRC tag in the map entry; on a drive error or a tag mismatch, the
 //! block is rebuilt from the rest of its stripe, every chunk checked against its CRC32C.
+//!
+//! A read of many blocks (`read_blocks`) first groups the blocks that lie one after another on
+//! one drive into a single drive read, and issues the reads of all drives as one batch
+//! (`drive::batch`): a 1 MiB read of data written sequentially is one read per chunk, all
+//! drives at once. Whatever such a read cannot vouch for (a block moved meanwhile, a tag
+//! mismatch, a drive error, a packed or buffered block) goes through the one-block path.
 
 use crate::compress;
+use crate::drive::{batch, BatchItem};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::Entry;
@@ -10,7 +17,154 @@ use crate::pool::{Inner, VolumeState};
 use crate::scan::StripeDesc;
 use crate::stats::Stats;
 
+/// The longest single drive read `read_blocks` issues (a chunk is at most this on the default
+/// geometry, so data written sequentially is one read per chunk).
+const MAX_RUN_BYTES: usize = 1 << 20;
+
+/// Blocks that lie one after another on one drive: one drive read.
+struct Run {
+    /// Which range of the request it belongs to.
+    range: usize,
+    drive: usize,
+    dev_offset: u64,
+    /// Index of its first block in the range.
+    first: usize,
+    blocks: usize,
+}
+
 impl Inner {
+    /// Reads whole blocks `lba..lba + out.len() / 4096` into `out` with as few drive reads as
+    /// their placement allows, all drives at once.
+    pub(crate) fn read_blocks(&self, vol: &VolumeState, lba: u64, out: &mut [u8]) -> Result<()> {
+        self.read_ranges(vol, &mut [(lba, out)])
+            .pop()
+            .expect("one result per range")
+    }
+
+    /// Reads several ranges of whole blocks, each `(first block, buffer)`, with one batch of
+    /// drive reads for all of them; one result per range.
+    pub(crate) fn read_ranges(
+        &self,
+        vol: &VolumeState,
+        ranges: &mut [(u64, &mut [u8])],
+    ) -> Vec<Result<()>> {
+        let mut seen: Vec<Vec<u64>> = Vec::with_capacity(ranges.len());
+        let mut runs: Vec<Run> = Vec::new();
+        let mut one_by_one: Vec<(usize, usize)> = Vec::new();
+        for (ri, (lba, out)) in ranges.iter().enumerate() {
+            debug_assert!(out.len().is_multiple_of(BLOCK));
+            let n = out.len() / BLOCK;
+            let mut raws = Vec::with_capacity(n);
+            for i in 0..n {
+                let raw = vol.map.get(lba + i as u64);
+                raws.push(raw);
+                match Entry::decode(raw) {
+                    Some(Entry::Media {
+                        drive, offset, len, ..
+                    }) if len as usize == BLOCK
+                        && offset.is_multiple_of(BLOCK as u64)
+                        && self
+                            .drives
+                            .get(drive as usize)
+                            .and_then(|s| s.usable())
+                            .is_some() =>
+                    {
+                        let d = drive as usize;
+                        match runs.last_mut() {
+                            Some(r)
+                                if r.range == ri
+                                    && r.drive == d
+                                    && r.first + r.blocks == i
+                                    && r.dev_offset + (r.blocks * BLOCK) as u64 == offset
+                                    && (r.blocks + 1) * BLOCK <= MAX_RUN_BYTES =>
+                            {
+                                r.blocks += 1
+                            }
+                            _ => runs.push(Run {
+                                range: ri,
+                                drive: d,
+                                dev_offset: offset,
+                                first: i,
+                                blocks: 1,
+                            }),
+                        }
+                    }
+                    _ => one_by_one.push((ri, i)),
+                }
+            }
+            seen.push(raws);
+        }
+        if !runs.is_empty() {
+            let drives: Vec<_> = runs
+                .iter()
+                .map(|r| self.drives[r.drive].usable().cloned())
+                .collect();
+            let mut ok = vec![false; runs.len()];
+            {
+                // Hand each run its own part of its range's buffer (runs are in range and
+                // block order, and disjoint).
+                let mut items = Vec::with_capacity(runs.len());
+                let mut which = Vec::with_capacity(runs.len());
+                let mut k = 0;
+                for (ri, (_, out)) in ranges.iter_mut().enumerate() {
+                    let mut rest: &mut [u8] = out;
+                    let mut at = 0usize;
+                    while k < runs.len() && runs[k].range == ri {
+                        let r = &runs[k];
+                        let (_, tail) =
+                            std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
+                        let (mine, tail) = tail.split_at_mut(r.blocks * BLOCK);
+                        rest = tail;
+                        at = (r.first + r.blocks) * BLOCK;
+                        // A drive that went out of service meanwhile: its blocks go the
+                        // one-block way.
+                        if let Some(d) = &drives[k] {
+                            items.push(BatchItem::read(&**d, r.dev_offset, mine));
+                            which.push(k);
+                        }
+                        k += 1;
+                    }
+                }
+                for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
+                    ok[k] = res.is_ok();
+                }
+            }
+            for (r, good) in runs.iter().zip(ok) {
+                let (lba, out) = &ranges[r.range];
+                for i in r.first..r.first + r.blocks {
+                    let block = &out[i * BLOCK..(i + 1) * BLOCK];
+                    let raw = seen[r.range][i];
+                    // The data counts only if the entry did not change while it was read
+                    // (the cleaner may have moved the block and its segment been reused) and
+                    // its CRC tag matches; anything else goes the one-block way, which
+                    // retries, reconstructs and counts errors.
+                    let vouched = good
+                        && vol.map.get(lba + i as u64) == raw
+                        && Entry::decode(raw)
+                            .is_some_and(|e| e.tag_matches(crate::crc::checksum(block)));
+                    if vouched {
+                        Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
+                    } else {
+                        one_by_one.push((r.range, i));
+                    }
+                }
+            }
+        }
+        let mut results: Vec<Result<()>> = (0..ranges.len()).map(|_| Ok(())).collect();
+        for (ri, i) in one_by_one {
+            if results[ri].is_err() {
+                continue;
+            }
+            let (lba, out) = &mut ranges[ri];
+            if let Err(e) =
+                self.read_block(vol, *lba + i as u64, &mut out[i * BLOCK..(i + 1) * BLOCK])
+            {
+                results[ri] = Err(e);
+            }
+        }
+        results
+    }
+
     /// Reads one 4 KiB block into `out`; returns true when it came from a drive.
     pub(crate) fn read_block(&self, vol: &VolumeState, lba: u64, out: &mut [u8]) -> Result<bool> {
         debug_assert_eq!(out.len(), BLOCK);
@@ -167,32 +321,53 @@ impl Inner {
     ) -> Result<(Vec<Vec<u8>>, usize)> {
         let l = s.parity_len;
         let n = if s.w == 0 { 0 } else { s.w + s.m };
-        let mut shards: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let mut present = Vec::with_capacity(n);
-        for c in &s.chunks[..n] {
-            let mut buf = vec![0u8; l];
-            let d = c.drive as usize;
-            let ok = match self.drives.get(d).and_then(|x| x.usable()) {
-                Some(drive) if Some(d) != avoid => {
-                    match drive.read_at(c.data_offset(), &mut buf[..c.len as usize]) {
-                        Ok(()) => {
-                            Stats::add(&self.stats.media_read_bytes, c.len as u64);
-                            let good = crate::crc::checksum(&buf[..c.len as usize]) == c.crc;
-                            if !good {
-                                Stats::add(&self.stats.crc_errors, 1);
-                            }
-                            good
-                        }
-                        Err(_) => {
-                            Stats::add(&self.stats.read_errors, 1);
-                            false
-                        }
-                    }
+        let mut shards: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; l]).collect();
+        let mut present = vec![false; n];
+        // Every chunk is read at once: one batch over the stripe's drives.
+        let sources: Vec<_> = s.chunks[..n]
+            .iter()
+            .map(|c| {
+                let d = c.drive as usize;
+                match self.drives.get(d).and_then(|x| x.usable()) {
+                    Some(drive) if Some(d) != avoid => Some(drive.clone()),
+                    _ => None,
                 }
-                _ => false,
+            })
+            .collect();
+        let mut items = Vec::with_capacity(n);
+        let mut which = Vec::with_capacity(n);
+        for (i, (buf, (c, src))) in shards
+            .iter_mut()
+            .zip(s.chunks[..n].iter().zip(&sources))
+            .enumerate()
+        {
+            if let Some(d) = src {
+                items.push(BatchItem::read(
+                    &**d,
+                    c.data_offset(),
+                    &mut buf[..c.len as usize],
+                ));
+                which.push(i);
+            }
+        }
+        let results = batch::run(&mut items);
+        drop(items);
+        for (i, r) in which.into_iter().zip(results) {
+            let c = &s.chunks[i];
+            present[i] = match r {
+                Ok(()) => {
+                    Stats::add(&self.stats.media_read_bytes, c.len as u64);
+                    let good = crate::crc::checksum(&shards[i][..c.len as usize]) == c.crc;
+                    if !good {
+                        Stats::add(&self.stats.crc_errors, 1);
+                    }
+                    good
+                }
+                Err(_) => {
+                    Stats::add(&self.stats.read_errors, 1);
+                    false
+                }
             };
-            shards.push(buf);
-            present.push(ok);
         }
         let lost: Vec<usize> = (0..n).filter(|&i| !present[i]).collect();
         if lost.iter().any(|&i| i < s.w) {

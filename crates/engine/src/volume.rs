@@ -127,6 +127,64 @@ impl Volume {
         Ok(())
     }
 
+    /// Reads several ranges, each `(offset, buffer)`, with the drive reads of all of them in
+    /// flight at once (block-aligned ranges; others are read one after another); one result
+    /// per range, in order.
+    pub fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        let mut results: Vec<Option<Result<()>>> = (0..reads.len()).map(|_| None).collect();
+        let mut aligned: Vec<(u64, &mut [u8])> = Vec::new();
+        let mut which = Vec::new();
+        for (i, (off, buf)) in reads.iter_mut().enumerate() {
+            if let Err(e) = self.check(*off, buf.len() as u64) {
+                results[i] = Some(Err(e));
+            } else if off.is_multiple_of(B) && buf.len().is_multiple_of(BLOCK) && !buf.is_empty() {
+                Stats::add(&self.pool.stats.host_read_bytes, buf.len() as u64);
+                aligned.push((*off / B, &mut **buf));
+                which.push(i);
+            } else {
+                results[i] = Some(self.read(*off, buf));
+            }
+        }
+        if !aligned.is_empty() {
+            let done = self.pool.read_ranges(&self.vol, &mut aligned);
+            for (i, r) in which.into_iter().zip(done) {
+                results[i] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every range read"))
+            .collect()
+    }
+
+    /// Whether writing `len` bytes may wait for a drive: the pool has drives that do not
+    /// complete at once, and the write is large enough (a quarter of a stripe's data or more)
+    /// to seal and write out stripes itself. Front-ends run such writes where they may wait.
+    pub fn write_may_wait(&self, len: u64) -> bool {
+        let stripe_data = self.pool.geo.chunk_size as u64 * self.pool.geo.k as u64;
+        len >= (stripe_data / 4).max(B) && !self.pool.drives_complete_inline()
+    }
+
+    /// Whether reading `len` bytes at `offset` may wait for a drive: some block of the range
+    /// is on a drive that does not complete at once (not a memory drive). Unmapped blocks and
+    /// blocks still in a stripe buffer read from memory. Looks at no more than 256 blocks (a
+    /// longer range is assumed to wait); for front-ends deciding where to run a read.
+    pub fn read_may_wait(&self, offset: u64, len: u64) -> bool {
+        if len == 0 || self.pool.drives_complete_inline() {
+            return false;
+        }
+        let (first, last) = (offset / B, (offset + len - 1) / B);
+        if last - first >= 256 {
+            return true;
+        }
+        (first..=last).any(|lba| {
+            matches!(
+                Entry::decode(self.vol.map.get(lba)),
+                Some(Entry::Media { .. })
+            )
+        })
+    }
+
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
@@ -136,6 +194,14 @@ impl Volume {
             let pos = offset + done as u64;
             let (lba, at) = (pos / B, (pos % B) as usize);
             let n = (BLOCK - at).min(buf.len() - done);
+            let whole = (buf.len() - done) / BLOCK * BLOCK;
+            if at == 0 && whole > BLOCK {
+                // Every whole block from here on, in as few drive reads as they allow.
+                self.pool
+                    .read_blocks(&self.vol, lba, &mut buf[done..done + whole])?;
+                done += whole;
+                continue;
+            }
             if at == 0 && n == BLOCK {
                 self.pool
                     .read_block(&self.vol, lba, &mut buf[done..done + BLOCK])?;

@@ -7,6 +7,7 @@
 //! every earlier stripe, then flushes the drives.
 
 use crate::compress::{Compression, Outcome};
+use crate::drive::{batch, BatchItem, DriveRef};
 use crate::error::{Error, Result};
 use crate::format::header::{Record, StripeKind};
 use crate::layout::{SegmentTable, Stream};
@@ -87,10 +88,25 @@ impl Inner {
         {
             let guard = s.buf.data.read();
             let buf = guard.as_ref().expect("sealed stripe owns its buffer");
-            for cw in &writes {
+            // Every chunk of the stripe goes out at once: one batch over all its drives.
+            let targets: Vec<_> = writes
+                .iter()
+                .map(|cw| self.drives[cw.drive as usize].usable().cloned())
+                .collect();
+            let mut items: Vec<BatchItem> = writes
+                .iter()
+                .zip(&targets)
+                .filter_map(|(cw, t)| {
+                    t.as_ref()
+                        .map(|d| BatchItem::write(&**d, cw.offset, &buf[cw.pos..cw.pos + cw.len]))
+                })
+                .collect();
+            let mut done = batch::run(&mut items).into_iter();
+            drop(items);
+            for (cw, t) in writes.iter().zip(&targets) {
                 let d = cw.drive as usize;
-                let res = match self.drives[d].usable() {
-                    Some(drive) => drive.write_at(cw.offset, &buf[cw.pos..cw.pos + cw.len]),
+                let res = match t {
+                    Some(_) => done.next().expect("one result per write"),
                     None => Err(std::io::Error::other("drive failed")),
                 };
                 match res {
@@ -492,12 +508,21 @@ impl Inner {
 
     /// Flushes every usable drive; fails when more drives fail than parity covers.
     pub(crate) fn flush_drives(&self) -> Result<()> {
-        for (i, slot) in self.drives.iter().enumerate() {
-            if let Some(d) = slot.usable() {
-                if let Err(e) = d.flush() {
-                    Stats::add(&self.stats.write_errors, 1);
-                    self.fail_drive(i, &e);
-                }
+        // Every drive flushes at once.
+        let usable: Vec<(usize, DriveRef)> = self
+            .drives
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| slot.usable().map(|d| (i, d.clone())))
+            .collect();
+        let mut items: Vec<BatchItem> =
+            usable.iter().map(|(_, d)| BatchItem::flush(&**d)).collect();
+        let results = batch::run(&mut items);
+        drop(items);
+        for ((i, _), r) in usable.iter().zip(results) {
+            if let Err(e) = r {
+                Stats::add(&self.stats.write_errors, 1);
+                self.fail_drive(*i, &e);
             }
         }
         let down = self.drives_down();

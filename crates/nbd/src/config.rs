@@ -38,9 +38,13 @@ pub struct Config {
     /// At the limit the connection stops reading until replies are sent;
     /// further requests wait in the socket buffer.
     pub max_in_flight_per_connection: usize,
-    /// Helper threads per connection (started on demand) that run the
-    /// requests that may block for long: FLUSH and FUA writes, trims and
-    /// zeroes. Everything else runs on the connection's own thread.
+    /// Helper threads per connection (started on demand, kept while the
+    /// connection lives) that run the requests that may block for long:
+    /// FLUSH and FUA writes, trims and zeroes, and reads that wait for a
+    /// device (`Export::read_may_block`). While all are busy, reads gather in
+    /// groups of up to 8 a helper runs together (`Export::read_many`), so a
+    /// connection has up to this many times 8 reads in progress. Everything
+    /// else runs on the connection's own thread.
     pub helper_threads_per_connection: usize,
     /// Bytes of request/reply payload buffers held at once per connection
     /// (at least one maximum-size request, 64 MiB, is always admitted, so
@@ -72,7 +76,7 @@ impl Default for Config {
             max_handshakes: 256,
             max_handshakes_per_peer: 64,
             max_in_flight_per_connection: 64,
-            helper_threads_per_connection: 4,
+            helper_threads_per_connection: 8,
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(10),
             busy_poll: DEFAULT_BUSY_POLL,

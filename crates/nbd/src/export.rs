@@ -190,6 +190,28 @@ pub trait Export: Send + Sync {
     fn fast_zero(&self) -> bool {
         true
     }
+    /// Reads several ranges, each `(offset, buffer)`; one result per range, in order.
+    /// Exports on devices override it to have every range's device reads in flight at once;
+    /// the default reads them one after another.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
+        reads
+            .iter_mut()
+            .map(|(off, buf)| self.read(*off, buf))
+            .collect()
+    }
+    /// Whether reading `[offset, offset+len)` may wait for a device (a drive read, not memory
+    /// only). The server runs such reads on the connection's helper threads, so a slow read
+    /// never holds up the requests behind it, and the others inline (the fast path).
+    /// Default: false, every read inline.
+    fn read_may_block(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
+    /// Whether writing `len` bytes at `offset` may wait for a device (a write large enough to
+    /// fill and write out stripes). The server runs such writes on helper threads, so the
+    /// writes of one connection overlap. Default: false, every write inline.
+    fn write_may_block(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
     /// Prefetch hint (`NBD_CMD_CACHE`); default: nothing to do.
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         Ok(())

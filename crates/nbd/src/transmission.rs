@@ -10,8 +10,11 @@
 //!    the collected replies leave in one `writev`, and the thread reads again.
 //!
 //! Commands that may block for long (FLUSH and anything with FUA: on file
-//! drives an `fdatasync`) go to a few helper threads, started on demand, so
-//! they do not stall the pipeline; their replies go out whenever they finish
+//! drives an `fdatasync`; READs the export says wait for a device,
+//! `Export::read_may_block`) go to helper threads, started on demand up to a
+//! bound per connection, so they do not stall the pipeline and run in
+//! parallel with each other: a connection keeps up to `max_in_flight`
+//! requests in progress; their replies go out whenever they finish
 //! (out-of-order replies are allowed by the protocol). Replies are sent by
 //! flat combining: whoever has replies queues them and, if the socket is
 //! free, writes every queued reply in one `writev`; if another thread is
@@ -85,6 +88,33 @@ pub struct Limits {
 /// A reply and the budget bytes it holds until written.
 type Reply = (Vec<u8>, u64);
 
+/// A READ's reply before its data is read: see `Conn::read_reply`.
+struct ReadReply {
+    out: Vec<u8>,
+    parts: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+impl ReadReply {
+    /// Appends one `OFFSET_DATA` chunk whose data is still to be read (a part).
+    fn push_data_chunk(&mut self, to: ReplyTo, offset: u64, len: usize, done: bool) {
+        let start = self.out.len();
+        let chunk = to.header_len();
+        let hdr = chunk + 8;
+        self.out.resize(start + hdr + len, 0);
+        let flags = if done { REPLY_FLAG_DONE } else { 0 };
+        let payload = (8 + len) as u64;
+        wire::put_chunk_header(
+            &mut self.out[start..],
+            to,
+            flags,
+            REPLY_TYPE_OFFSET_DATA,
+            payload,
+        );
+        self.out[start + chunk..start + hdr].copy_from_slice(&offset.to_be_bytes());
+        self.parts.push((offset, start + hdr..start + hdr + len));
+    }
+}
+
 /// A request handed to a helper thread.
 struct SlowJob {
     req: Request,
@@ -93,9 +123,32 @@ struct SlowJob {
     held: u64,
 }
 
+/// Most READs handed to a helper as one group (one `Export::read_many`): enough to cut the
+/// wake-ups per read under load, few enough that one slow drive read holds up few replies.
+/// Reads are grouped only while every helper is busy.
+const READ_GROUP: usize = 8;
+
+/// What a helper thread runs.
+enum Job {
+    One(SlowJob),
+    /// READs that wait for a device, with the budget bytes each holds: run together so their
+    /// device reads are in flight at once.
+    Reads(Vec<(Request, u64)>),
+}
+
+impl Job {
+    /// Requests it answers.
+    fn requests(&self) -> usize {
+        match self {
+            Job::One(_) => 1,
+            Job::Reads(v) => v.len(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Helpers {
-    jobs: VecDeque<SlowJob>,
+    jobs: VecDeque<Job>,
     /// Jobs queued or running.
     outstanding: usize,
     threads: usize,
@@ -354,6 +407,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             .map(|bp| PollPolicy::new(bp.max));
         // Requests taken since the last wait between requests (for the policy).
         let mut answered = 0u32;
+        // READs gathered for one helper (`Job::Reads`); handed off before the thread waits.
+        let mut group: Vec<(Request, u64)> = Vec::new();
         loop {
             if self.failed.load(Ordering::Relaxed) {
                 return Ok(());
@@ -379,7 +434,12 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     && req.kind != CMD_DISC
                     && req.flags & CMD_FLAG_PAYLOAD_LEN != 0;
                 match req.kind {
-                    CMD_DISC => return Ok(()),
+                    CMD_DISC => {
+                        if !group.is_empty() {
+                            self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
+                        }
+                        return Ok(());
+                    }
                     _ if foreign_payload
                         || (req.kind == CMD_WRITE && req.len > MAX_PAYLOAD as u64) =>
                     {
@@ -407,12 +467,12 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     // From here on a WRITE's length is at most MAX_PAYLOAD.
                     CMD_WRITE if avail.len() >= hl + req.len as usize => {
                         let len = req.len as usize;
-                        if is_slow(&req) {
+                        if is_slow(&req) || self.writes_elsewhere(&req) {
                             let payload = avail[hl..hl + len].to_vec();
                             inb.consume(hl + len);
                             let held =
                                 self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
-                            self.hand_off(scope, SlowJob { req, payload, held }, batch);
+                            self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
                         } else {
                             let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
                             let inb_ref = &*inb;
@@ -435,8 +495,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                             self.budget.release(held);
                             return Err(e);
                         }
-                        if is_slow(&req) {
-                            self.hand_off(scope, SlowJob { req, payload, held }, batch);
+                        if is_slow(&req) || self.writes_elsewhere(&req) {
+                            self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
                         } else {
                             let reply = self.execute(&req, &payload);
                             drop(payload);
@@ -445,14 +505,32 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     }
                     _ => {
                         inb.consume(hl);
-                        if is_slow(&req) {
+                        // A read that waits for a device goes to a helper unless it is the
+                        // only request in progress and no other is buffered (a client at
+                        // queue depth 1): then the hand-off would only add a wake-up.
+                        let alone = inb.avail().len() < hl
+                            && batch.is_empty()
+                            && group.is_empty()
+                            && { lock(&self.helpers).outstanding == 0 };
+                        if !alone && self.reads_elsewhere(&req) {
+                            // A read that waits for a device: it joins the group a helper
+                            // thread will run, and the connection goes on with the next request.
+                            let held = self.take_budget(reply_charge(&req), batch);
+                            group.push((req, held));
+                            // While a helper is free the read starts at once, on its own; when
+                            // every helper is busy, reads gather into groups (fewer wake-ups
+                            // per read when the device is the bottleneck).
+                            if group.len() >= READ_GROUP || self.helper_free() {
+                                self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
+                            }
+                        } else if is_slow(&req) {
                             let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
                             let job = SlowJob {
                                 req,
                                 payload: Vec::new(),
                                 held,
                             };
-                            self.hand_off(scope, job, batch);
+                            self.hand_off(scope, Job::One(job), batch);
                         } else {
                             let held = self.take_budget(reply_charge(&req), batch);
                             let reply = self.execute(&req, &[]);
@@ -465,7 +543,10 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     self.send(batch);
                 }
             }
-            // Nothing complete left: answer, then wait for more.
+            // Nothing complete left: start the reads gathered, answer, then wait for more.
+            if !group.is_empty() {
+                self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
+            }
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());
             }
@@ -513,6 +594,40 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }
     }
 
+    /// Whether a helper thread could start a job now: one is idle with nothing queued for it,
+    /// or another may be started.
+    fn helper_free(&self) -> bool {
+        let h = lock(&self.helpers);
+        h.idle > h.jobs.len() || h.threads < self.limits.max_helpers
+    }
+
+    /// Whether `req` is a (non-FUA) write to hand to a helper thread: the export says it may
+    /// wait for a device (a large write that fills stripes on file drives), so writes of one
+    /// connection go out in parallel instead of one after another.
+    fn writes_elsewhere(&self, req: &Request) -> bool {
+        req.kind == CMD_WRITE
+            && self.limits.max_helpers > 0
+            && req
+                .offset
+                .checked_add(req.len)
+                .is_some_and(|e| e <= self.s.size)
+            && !self.s.export.read_only()
+            && self.s.export.write_may_block(req.offset, req.len)
+    }
+
+    /// Whether `req` is a read to hand to a helper thread: the export says it may wait for a
+    /// device, and the range is valid (an invalid one is answered inline).
+    fn reads_elsewhere(&self, req: &Request) -> bool {
+        req.kind == CMD_READ
+            && self.limits.max_helpers > 0
+            && req.len > 0
+            && req
+                .offset
+                .checked_add(req.len)
+                .is_some_and(|e| e <= self.s.size)
+            && self.s.export.read_may_block(req.offset, req.len)
+    }
+
     /// Queue an inline request's reply holding `held` budget bytes, topped up to
     /// the reply's size when it came out larger than charged (a block status
     /// reply of many extents, an error with a long message, a read split in
@@ -540,18 +655,19 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     /// Queue a request for a helper thread, starting one if none is idle;
     /// waits (after sending our replies) while the in-flight limit is
     /// reached.
-    fn hand_off<'s>(&'s self, scope: &'s Scope<'s, '_>, job: SlowJob, batch: &mut Vec<Reply>) {
+    fn hand_off<'s>(&'s self, scope: &'s Scope<'s, '_>, job: Job, batch: &mut Vec<Reply>) {
+        let n = job.requests();
         let mut h = lock(&self.helpers);
-        if h.outstanding + batch.len() >= self.limits.max_in_flight {
+        if h.outstanding + n + batch.len() > self.limits.max_in_flight {
             drop(h);
             self.send(batch);
             h = lock(&self.helpers);
-            while h.outstanding >= self.limits.max_in_flight {
+            while h.outstanding > 0 && h.outstanding + n > self.limits.max_in_flight {
                 h = self.finished.wait(h).unwrap_or_else(|e| e.into_inner());
             }
         }
         h.jobs.push_back(job);
-        h.outstanding += 1;
+        h.outstanding += n;
         let spawn = h.idle < h.jobs.len() && h.threads < self.limits.max_helpers;
         if spawn {
             h.threads += 1;
@@ -604,13 +720,28 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }
     }
 
-    fn run_slow(&self, job: SlowJob) {
-        let reply = self.execute(&job.req, &job.payload);
-        drop(job.payload);
-        let mut one = vec![(reply, job.held)];
-        self.send(&mut one);
+    fn run_slow(&self, job: Job) {
+        let n = job.requests();
+        match job {
+            Job::One(job) => {
+                let reply = self.execute(&job.req, &job.payload);
+                drop(job.payload);
+                let mut one = vec![(reply, job.held)];
+                self.send(&mut one);
+            }
+            Job::Reads(reads) => {
+                let reqs: Vec<Request> = reads.iter().map(|r| r.0).collect();
+                let mut replies: Vec<Reply> = self
+                    .read_group(&reqs)
+                    .into_iter()
+                    .zip(reads)
+                    .map(|(reply, (_, held))| (reply, held))
+                    .collect();
+                self.send(&mut replies);
+            }
+        }
         let mut h = lock(&self.helpers);
-        h.outstanding -= 1;
+        h.outstanding -= n;
         drop(h);
         self.finished.notify_all();
     }
@@ -728,11 +859,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
                     }
                     self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
-                    Ok(if self.s.structured {
-                        self.read_structured(req)
-                    } else {
-                        self.read_simple(req)
-                    })
+                    Ok(self.read(req))
                 }
                 CMD_WRITE => {
                     let pl = if self.s.extended {
@@ -805,52 +932,23 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         r.unwrap_or_else(|e| e)
     }
 
-    fn read_simple(&self, req: &Request) -> Vec<u8> {
-        const H: usize = wire::SIMPLE_REPLY_LEN;
-        let mut buf = vec![0u8; H + req.len as usize];
-        match self.s.export.read(req.offset, &mut buf[H..]) {
-            Ok(()) => {
-                wire::put_simple_reply(&mut buf[..H], 0, req.handle);
-                buf
-            }
-            Err(e) => self.error(req, e.kind.nbd_errno(), &e.message),
+    /// A READ's reply with room for its data: the reply bytes (headers written, data zero)
+    /// and the parts still to read into it, as (export offset, range of the reply).
+    /// Simple replies are one part after the header; structured ones put holes in
+    /// `OFFSET_HOLE` chunks and data in `OFFSET_DATA` chunks (one with `NBD_CMD_FLAG_DF`).
+    fn read_reply(&self, req: &Request) -> ReadReply {
+        if !self.s.structured {
+            const H: usize = wire::SIMPLE_REPLY_LEN;
+            let mut out = vec![0u8; H + req.len as usize];
+            wire::put_simple_reply(&mut out[..H], 0, req.handle);
+            return ReadReply {
+                out,
+                parts: vec![(req.offset, H..H + req.len as usize)],
+            };
         }
-    }
-
-    /// One `OFFSET_DATA` chunk with the data read in place after its header.
-    fn push_data_chunk(
-        &self,
-        out: &mut Vec<u8>,
-        req: &Request,
-        offset: u64,
-        len: usize,
-        done: bool,
-    ) -> Result<(), ExportError> {
-        let start = out.len();
-        let to = self.reply_to(req);
-        let chunk = to.header_len();
-        let hdr = chunk + 8;
-        out.resize(start + hdr + len, 0);
-        self.s.export.read(offset, &mut out[start + hdr..])?;
-        let flags = if done { REPLY_FLAG_DONE } else { 0 };
-        let payload = (8 + len) as u64;
-        wire::put_chunk_header(
-            &mut out[start..],
-            to,
-            flags,
-            REPLY_TYPE_OFFSET_DATA,
-            payload,
-        );
-        out[start + chunk..start + hdr].copy_from_slice(&offset.to_be_bytes());
-        Ok(())
-    }
-
-    /// Structured read: holes become `OFFSET_HOLE` chunks, data
-    /// `OFFSET_DATA` chunks (a single data chunk with `NBD_CMD_FLAG_DF`).
-    fn read_structured(&self, req: &Request) -> Vec<u8> {
         let len = req.len;
         let df = req.flags & CMD_FLAG_DF != 0;
-        let mut parts: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
+        let mut extents: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
         let mut pos = 0u64;
         while pos < len {
             let reported = self
@@ -859,36 +957,90 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 .block_status(req.offset + pos, len - pos)
                 .unwrap_or_default();
             for e in extents::clip(&reported, len - pos, extents::MAX_DESCRIPTORS) {
-                parts.push((req.offset + pos, e.len, e.zero));
+                extents.push((req.offset + pos, e.len, e.zero));
                 pos += e.len;
             }
         }
         // The caller checked req.len <= MAX_PAYLOAD: every length fits 32 bits.
         let to = self.reply_to(req);
-        let mut out = Vec::new();
-        let r = if parts.len() == 1 && parts[0].2 {
-            wire::push_hole_chunk(&mut out, to, req.offset, req.len as u32, true);
-            Ok(())
-        } else if parts.len() == 1 || df {
-            out.reserve_exact(to.header_len() + 8 + req.len as usize);
-            self.push_data_chunk(&mut out, req, req.offset, req.len as usize, true)
+        let mut r = ReadReply {
+            out: Vec::new(),
+            parts: Vec::new(),
+        };
+        if extents.len() == 1 && extents[0].2 {
+            wire::push_hole_chunk(&mut r.out, to, req.offset, req.len as u32, true);
+        } else if extents.len() == 1 || df {
+            r.out.reserve_exact(to.header_len() + 8 + req.len as usize);
+            r.push_data_chunk(to, req.offset, req.len as usize, true);
         } else {
-            let mut r = Ok(());
-            for &(off, l, zero) in &parts {
+            for &(off, l, zero) in &extents {
                 if zero {
-                    wire::push_hole_chunk(&mut out, to, off, l as u32, false);
-                } else if let Err(e) = self.push_data_chunk(&mut out, req, off, l as usize, false) {
-                    r = Err(e);
-                    break;
+                    wire::push_hole_chunk(&mut r.out, to, off, l as u32, false);
+                } else {
+                    r.push_data_chunk(to, off, l as usize, false);
                 }
             }
-            wire::push_none_chunk(&mut out, to);
-            r
-        };
-        match r {
-            Ok(()) => out,
-            Err(e) => self.error(req, e.kind.nbd_errno(), &e.message),
+            wire::push_none_chunk(&mut r.out, to);
         }
+        r
+    }
+
+    /// Runs one READ: its reply, or an error reply.
+    fn read(&self, req: &Request) -> Vec<u8> {
+        let mut r = self.read_reply(req);
+        for (off, range) in &r.parts {
+            if let Err(e) = self.s.export.read(*off, &mut r.out[range.clone()]) {
+                return self.error(req, e.kind.nbd_errno(), &e.message);
+            }
+        }
+        r.out
+    }
+
+    /// Runs several READs with one `Export::read_many`, so the export can have all their
+    /// device reads in flight at once; one reply each, in the order given.
+    fn read_group(&self, reqs: &[Request]) -> Vec<Vec<u8>> {
+        let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
+        let mut replies: Vec<Result<ReadReply, Vec<u8>>> = reqs
+            .iter()
+            .map(|req| {
+                self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
+                Ok(self.read_reply(req))
+            })
+            .collect();
+        // Every part of every reply, as disjoint slices of the replies' buffers.
+        let mut owners = Vec::new();
+        let mut slices: Vec<(u64, &mut [u8])> = Vec::new();
+        for (i, r) in replies.iter_mut().enumerate() {
+            let Ok(r) = r else { continue };
+            let mut rest: &mut [u8] = &mut r.out;
+            let mut at = 0usize;
+            for (off, range) in &r.parts {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - at);
+                let (mine, tail) = tail.split_at_mut(range.len());
+                rest = tail;
+                at = range.end;
+                slices.push((*off, mine));
+                owners.push(i);
+            }
+        }
+        let results = self.s.export.read_many(&mut slices);
+        drop(slices);
+        let mut failed: Vec<Option<ExportError>> = vec![None; reqs.len()];
+        for (i, res) in owners.into_iter().zip(results) {
+            if let Err(e) = res {
+                failed[i].get_or_insert(e);
+            }
+        }
+        replies
+            .into_iter()
+            .zip(failed)
+            .zip(reqs)
+            .map(|((r, f), req)| match (r, f) {
+                (Err(reply), _) => reply,
+                (Ok(_), Some(e)) => self.error(req, e.kind.nbd_errno(), &e.message),
+                (Ok(r), None) => r.out,
+            })
+            .collect()
     }
 }
 

@@ -149,6 +149,14 @@ impl Drive for FileDrive {
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+
+    fn fd_target(&self) -> Option<super::FdTarget> {
+        Some(super::FdTarget {
+            fd: self.file.as_raw_fd(),
+            direct: self.direct,
+            size: self.size,
+        })
+    }
 }
 
 #[cfg(test)]

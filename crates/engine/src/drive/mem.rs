@@ -197,6 +197,10 @@ impl Drive for MemDrive {
         }
         Ok(())
     }
+
+    fn completes_inline(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -5,11 +5,13 @@
 //! lengths are multiples of [`crate::aligned::ALIGN`] (4 KiB); buffers the engine passes are
 //! 4 KiB-aligned when it can, and a backend with stricter needs (O_DIRECT) bounces the rest.
 
+pub mod batch;
 mod fault;
 mod file;
 mod mem;
 mod record;
 
+pub use batch::{BatchItem, FdTarget, IoOp};
 pub use fault::*;
 pub use file::FileDrive;
 pub use mem::{CrashFate, MemDrive};
@@ -38,6 +40,18 @@ pub trait Drive: Send + Sync {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// The file descriptor a batch ([`batch::run`]) may drive directly through io_uring, for
+    /// drives that are a file or block device and nothing more; None (the default) makes a
+    /// batch call the methods above, so wrappers that inject faults or record writes see
+    /// every operation.
+    fn fd_target(&self) -> Option<FdTarget> {
+        None
+    }
+    /// True when an operation completes at once, without waiting for a device (memory
+    /// drives): front-ends then run reads inline instead of handing them to a thread.
+    fn completes_inline(&self) -> bool {
+        false
+    }
 }
 
 /// A shared drive handle.

@@ -32,13 +32,18 @@ impl TestServer {
     }
 
     pub fn start_with(config: Config) -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let disk = Arc::new(MemExport::new(SIZE));
         let mut ro = MemExport::new(1 << 20);
         ro.set_read_only(true);
         let mut set = StaticExports::new();
         set.add("default", "test disk", disk.clone());
         set.add("ro", "", Arc::new(ro));
+        Self::start_exports(set, disk, config)
+    }
+
+    /// A server of `set` (`disk` is what `TestServer::disk` names).
+    pub fn start_exports(set: StaticExports, disk: Arc<MemExport>, config: Config) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         let mut server = Server::new(Arc::new(set), config).unwrap();
         let addr = server.listen_tcp("127.0.0.1:0").unwrap();
         let sock = dir.path().join("nbd.sock");
