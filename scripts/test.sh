@@ -27,4 +27,7 @@ bash fuzz/run.sh "${FLASHPOOL_FUZZ_SECONDS:-15}"
 if [ "${FLASHPOOL_SKIP_E2E:-0}" != 1 ]; then
     step "end-to-end checks with real NBD clients"
     E2E_INSTALL=1 bash tests/e2e/run-all.sh flashpool
+    step "the client checks again on memory drives (the inline path; checks that restart the server need drives that persist)"
+    E2E_ONLY=nbdinfo,probe,fio-randwrite-4k,fio-mixed-2conn-flush,fio-trim,tcp-and-unix,nbdcopy-64m,qemu-img \
+        bash tests/e2e/run-all.sh flashpool-mem
 fi

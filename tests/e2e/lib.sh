@@ -18,6 +18,7 @@ server_cmd() {
     case "${SERVER_KIND:-memserve}" in
         memserve) echo "$TARGET/release/examples/memserve --size ${MEMSERVE_SIZE:-1G}" ;;
         flashpool) echo "$TARGET/release/flashpool serve" ;;
+        flashpool-mem) echo "$TARGET/release/flashpool serve --memory" ;;
         *) echo "unknown SERVER_KIND ${SERVER_KIND}" >&2; return 1 ;;
     esac
 }
@@ -26,7 +27,7 @@ build_server() {
     [ -n "${SERVER_CMD:-}" ] && return 0
     case "${SERVER_KIND:-memserve}" in
         memserve) (cd "$ROOT" && cargo build --release -q -p flashpool-nbd --example memserve) ;;
-        flashpool) (cd "$ROOT" && cargo build --release -q -p flashpool) ;;
+        flashpool | flashpool-mem) (cd "$ROOT" && cargo build --release -q -p flashpool) ;;
     esac
 }
 
