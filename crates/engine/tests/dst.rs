@@ -39,6 +39,11 @@
 //! than one superblock generation). The pool must take none of them, name each in
 //! `Pool::ignored_drives`, write nothing to them, and read every block back as the model says.
 //!
+//! The operations of each batch of drive I/O (a stripe's chunk writes, the drives' flushes, a
+//! multi-block read's runs) run in an order the seed draws (`batch::shuffle_sync_order`), as
+//! drives with all of them in flight would complete them; a crash loses or keeps each unflushed
+//! write independently, which covers the I/Os in flight at the crash.
+//!
 //! Drives are also added online ([`Op::AddDrive`]: a fresh tracked drive joins the open pool,
 //! new stripes get wider, and the new drive is inside the fault budget and the crashes from
 //! then on).
@@ -1648,6 +1653,11 @@ fn run_seed_with(
     verbose: bool,
     strict: bool,
 ) -> std::result::Result<Tally, String> {
+    // The drives of a batch (a stripe's chunk writes, the drives' flushes, a read's runs)
+    // complete in an order the seed draws, as real drives in flight at once would.
+    flashpool_engine::drive::batch::shuffle_sync_order(Some(
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    ));
     let mut w = World::new(seed);
     w.strict = strict;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -508,11 +508,12 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         // A read that waits for a device goes to a helper unless it is the
                         // only request in progress and no other is buffered (a client at
                         // queue depth 1): then the hand-off would only add a wake-up.
-                        let alone = inb.avail().len() < hl
-                            && batch.is_empty()
-                            && group.is_empty()
-                            && { lock(&self.helpers).outstanding == 0 };
-                        if !alone && self.reads_elsewhere(&req) {
+                        let elsewhere = self.reads_elsewhere(&req)
+                            && !(inb.avail().len() < hl
+                                && batch.is_empty()
+                                && group.is_empty()
+                                && lock(&self.helpers).outstanding == 0);
+                        if elsewhere {
                             // A read that waits for a device: it joins the group a helper
                             // thread will run, and the connection goes on with the next request.
                             let held = self.take_budget(reply_charge(&req), batch);

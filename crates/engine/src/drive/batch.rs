@@ -95,6 +95,35 @@ enum RingState {
 
 thread_local! {
     static RING: RefCell<RingState> = const { RefCell::new(RingState::Untried) };
+    /// `shuffle_sync_order`'s generator state; 0 runs synchronous operations in order.
+    static SHUFFLE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Test hook: from now on, this thread runs the synchronous operations of each batch in an
+/// order drawn from `seed` (different for every batch), as drives that complete a batch's
+/// operations in any order would; `None` goes back to the order given. The deterministic
+/// simulation sets it per seed, so crash and fault handling is checked against every order.
+pub fn shuffle_sync_order(seed: Option<u64>) {
+    SHUFFLE.with(|c| c.set(seed.map_or(0, |s| s | 1)));
+}
+
+/// The order in which to run `n` synchronous operations.
+fn sync_order(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    SHUFFLE.with(|c| {
+        let mut x = c.get();
+        if x == 0 || n < 2 {
+            return;
+        }
+        for i in (1..n).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        c.set(x);
+    });
+    order
 }
 
 /// Set once io_uring failed to start on some thread (the log says so only once).
@@ -161,9 +190,9 @@ pub fn run(items: &mut [BatchItem<'_>]) -> Vec<io::Result<()>> {
             }
         });
     }
-    for (i, it) in items.iter_mut().enumerate() {
+    for i in sync_order(items.len()) {
         if results[i].is_none() {
-            results[i] = Some(it.run_sync());
+            results[i] = Some(items[i].run_sync());
         }
     }
     results
@@ -216,9 +245,9 @@ fn run_on_ring(
         }
         if !sync_done {
             sync_done = true;
-            for (i, it) in items.iter_mut().enumerate() {
-                if it.drive.fd_target().is_none() && results[i].is_none() {
-                    results[i] = Some(it.run_sync());
+            for i in sync_order(items.len()) {
+                if items[i].drive.fd_target().is_none() && results[i].is_none() {
+                    results[i] = Some(items[i].run_sync());
                 }
             }
         }
@@ -373,6 +402,36 @@ mod tests {
         let mut s = AlignedBuf::zeroed(8192);
         files[1].read_at(0, &mut s).unwrap();
         assert_eq!(&s[..], &datas[1][..]);
+    }
+
+    #[test]
+    fn shuffled_synchronous_order_still_runs_every_operation_once() {
+        let d = MemDrive::new(1 << 20, "mem:0");
+        let datas: Vec<Vec<u8>> = (0..16).map(|i| pattern(i as u8, 4096)).collect();
+        shuffle_sync_order(Some(42));
+        let orders: Vec<Vec<usize>> = (0..3).map(|_| sync_order(16)).collect();
+        assert!(orders.iter().all(|o| {
+            let mut s = o.clone();
+            s.sort();
+            s == (0..16).collect::<Vec<_>>()
+        }));
+        assert!(
+            orders.iter().any(|o| *o != (0..16).collect::<Vec<_>>()),
+            "shuffled"
+        );
+        let mut items: Vec<BatchItem> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, b)| BatchItem::write(&d, i as u64 * 4096, b))
+            .collect();
+        assert!(run(&mut items).iter().all(|r| r.is_ok()));
+        shuffle_sync_order(None);
+        assert_eq!(sync_order(4), vec![0, 1, 2, 3]);
+        for (i, b) in datas.iter().enumerate() {
+            let mut r = vec![0u8; 4096];
+            d.read_at(i as u64 * 4096, &mut r).unwrap();
+            assert_eq!(&r, b);
+        }
     }
 
     #[test]
