@@ -76,7 +76,7 @@ impl Default for Config {
             max_handshakes: 256,
             max_handshakes_per_peer: 64,
             max_in_flight_per_connection: 64,
-            helper_threads_per_connection: 8,
+            helper_threads_per_connection: 4,
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(10),
             busy_poll: DEFAULT_BUSY_POLL,
