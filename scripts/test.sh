@@ -21,6 +21,9 @@ step "cargo test"
 export FLASHPOOL_DST_SEEDS=${FLASHPOOL_DST_SEEDS:-1500}
 cargo test --workspace
 
+step "engine tests on file drives without io_uring (the synchronous fallback)"
+FLASHPOOL_IO_URING=off FLASHPOOL_MODEL_CASES=16 cargo test -p flashpool-engine --test read_batching --test model
+
 step "short fuzz run (libFuzzer via cargo-fuzz when installed)"
 bash fuzz/run.sh "${FLASHPOOL_FUZZ_SECONDS:-15}"
 
