@@ -139,6 +139,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         "pool ready"
     );
     dd.pool.set_rebuild_reserve(a.rebuild_reserve == "on");
+    // Sealed stripes are written by two threads of their own, so host writes go on while
+    // the drives work (engine `stripe_writer.rs`).
+    dd.pool.start_stripe_writers(2)?;
     let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -34,6 +34,7 @@ mod scan;
 mod scrub;
 pub mod stats;
 pub mod stripe;
+mod stripe_writer;
 mod volume;
 mod write;
 

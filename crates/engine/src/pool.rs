@@ -299,6 +299,8 @@ pub(crate) struct Inner {
     /// A stripe was lost because the filesystem under the drive files filled up: hosts get
     /// ENOSPC (not a drive failure) from then on.
     pub host_full: AtomicBool,
+    /// The stripe writers' queue, once `Pool::start_stripe_writers` started them.
+    pub stripe_queue: std::sync::OnceLock<Arc<crate::stripe_writer::StripeQueue>>,
 }
 
 /// Widest data width stripes grow to when drives are added.
@@ -437,6 +439,7 @@ impl Inner {
             needs_repair: Mutex::new(BTreeSet::new()),
             last_scrub: Mutex::new(None),
             host_full: AtomicBool::new(false),
+            stripe_queue: std::sync::OnceLock::new(),
             geo,
         })
     }
@@ -816,12 +819,29 @@ impl Pool {
     pub fn close(&self) -> Result<()> {
         if self.inner.closed.load(Ordering::SeqCst) || self.inner.read_only.lock().is_some() {
             self.inner.closed.store(true, Ordering::SeqCst);
+            self.stop_stripe_writers();
             return Ok(());
         }
         self.inner.flush()?;
         self.inner.checkpoint()?;
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.stop_stripe_writers();
         Ok(())
+    }
+
+    /// Starts `threads` stripe writers (`stripe_writer.rs`): sealed data stripes are written
+    /// by them instead of by the host write that filled the stripe, so appends go on while the
+    /// drives work. Once per pool; without it (the default) every stripe is written by the
+    /// thread that sealed it, which keeps a single-threaded caller deterministic.
+    pub fn start_stripe_writers(&self, threads: usize) -> Result<()> {
+        crate::stripe_writer::start(&self.inner, threads)
+            .map_err(|e| Error::Failed(format!("cannot start the stripe writers: {e}")))
+    }
+
+    fn stop_stripe_writers(&self) {
+        if let Some(q) = self.inner.stripe_queue.get() {
+            q.stop();
+        }
     }
 
     /// The pool's counters.

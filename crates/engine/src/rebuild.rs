@@ -158,17 +158,20 @@ impl Inner {
     /// later seal it into a segment no longer open (the panic "advance without an open
     /// segment" of `drive remove` under load).
     fn close_open_segments(&self) -> Result<()> {
-        let sealed = {
+        let (sealed, target) = {
             let mut w = self.writer.lock();
             let sealed = self.seal_all(&mut w);
             w.segs.close(Stream::Data);
             w.segs.close(Stream::Gc);
-            sealed
+            (sealed, w.next_seq - 1)
         };
         for s in sealed {
             self.write_stripe(s)?;
         }
-        Ok(())
+        // Stripes sealed earlier may still be on their way (other appenders, the stripe
+        // writers): their blocks count as live in their segments only once written, so the
+        // relocation would miss them and find those segments not empty afterwards.
+        self.wait_written(target)
     }
 
     /// Moves the live data of `segments` (those still holding data) into new stripes on the

@@ -309,7 +309,11 @@ impl Inner {
             let want_cp = w.bytes_since_cp >= self.checkpoint_interval;
             drop(w);
             if let Some(s) = sealed {
-                self.write_stripe(s)?;
+                if stream == Stream::Data {
+                    self.write_stripe_soon(s)?;
+                } else {
+                    self.write_stripe(s)?;
+                }
                 if want_cp && stream == Stream::Data {
                     self.checkpoint()?;
                 }

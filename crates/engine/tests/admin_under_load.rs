@@ -53,9 +53,18 @@ fn pause() {
 }
 
 fn run(k: usize, m: usize, n: usize, seed: u64) {
-    let what = format!("{k}+{m} on {n} drives, seed {seed}");
+    run_with(k, m, n, seed, 0)
+}
+
+/// `stripe_writers` > 0: sealed stripes are written by that many stripe writer threads (as
+/// `flashpool serve` runs), not by the writers that filled them.
+fn run_with(k: usize, m: usize, n: usize, seed: u64, stripe_writers: usize) {
+    let what = format!("{k}+{m} on {n} drives, seed {seed}, {stripe_writers} stripe writers");
     let spares: Vec<Arc<MemDrive>> = mem_drives(n + 2, false);
     let pool = Arc::new(Pool::create(as_refs(&spares[..n]), &small_config(k, m)).unwrap());
+    if stripe_writers > 0 {
+        pool.start_stripe_writers(stripe_writers).unwrap();
+    }
     pool.create_volume("v", VOLUME).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
@@ -153,6 +162,13 @@ fn member_operations_under_load_narrow_pools() {
     let seed = test_seed("admin under load (narrow)", 15);
     run(4, 1, 5, seed);
     run(3, 2, 5, seed + 1);
+}
+
+#[test]
+fn member_operations_under_load_with_stripe_writers() {
+    let seed = test_seed("admin under load (stripe writers)", 17);
+    run_with(4, 1, 5, seed, 2);
+    run_with(4, 2, 6, seed + 1, 2);
 }
 
 #[test]

@@ -1,0 +1,87 @@
+//! Stripe writers: a few threads that write sealed data stripes, so the thread that filled a
+//! stripe (a host write) goes on appending while the stripe's chunks go to the drives.
+//!
+//! Off by default: every stripe is then written by the thread that sealed it, which keeps a
+//! single-threaded caller deterministic (the model and simulation tests). `flashpool serve`
+//! starts them ([`crate::Pool::start_stripe_writers`]). What bounds the data accepted but not
+//! yet written is unchanged: the pool's `MAX_STRIPE_BUFFERS` stripe buffers (an appender waits
+//! for one when all are sealed and queued). A write completes before it is durable either way;
+//! a stripe that fails on its drives is recorded for the next flush (and host writes) to see,
+//! exactly as when the appender wrote it: `Inner::write_stripe` does the bookkeeping in both.
+
+use crate::error::Result;
+use crate::pool::Inner;
+use crate::stripe::SealedStripe;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Sealed stripes waiting for a writer.
+#[derive(Default)]
+pub(crate) struct StripeQueue {
+    jobs: Mutex<VecDeque<SealedStripe>>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl StripeQueue {
+    /// Asks the writers to end once the queue is empty.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.cv.notify_all();
+    }
+}
+
+impl Inner {
+    /// Writes a sealed data stripe: hands it to the stripe writers when the pool runs them,
+    /// otherwise writes it here.
+    pub(crate) fn write_stripe_soon(&self, s: SealedStripe) -> Result<()> {
+        match self.stripe_queue.get() {
+            Some(q) if !q.stop.load(Ordering::Relaxed) => {
+                q.jobs.lock().push_back(s);
+                q.cv.notify_one();
+                Ok(())
+            }
+            _ => self.write_stripe(s),
+        }
+    }
+}
+
+/// Starts `n` writer threads for the pool behind `inner` (once; later calls do nothing).
+pub(crate) fn start(inner: &Arc<Inner>, n: usize) -> std::io::Result<()> {
+    let q = Arc::new(StripeQueue::default());
+    if inner.stripe_queue.set(q.clone()).is_err() {
+        return Ok(());
+    }
+    for i in 0..n.max(1) {
+        let weak = Arc::downgrade(inner);
+        let q = q.clone();
+        std::thread::Builder::new()
+            .name(format!("stripe-writer-{i}"))
+            .spawn(move || run(weak, q))?;
+    }
+    Ok(())
+}
+
+fn run(pool: Weak<Inner>, q: Arc<StripeQueue>) {
+    loop {
+        let job = {
+            let mut jobs = q.jobs.lock();
+            loop {
+                if let Some(j) = jobs.pop_front() {
+                    break j;
+                }
+                if q.stop.load(Ordering::SeqCst) || pool.strong_count() == 0 {
+                    return;
+                }
+                q.cv.wait_for(&mut jobs, Duration::from_millis(200));
+            }
+        };
+        let Some(inner) = pool.upgrade() else { return };
+        // Failures are recorded by `write_stripe` (the pool's first error, drive failures,
+        // a full host filesystem) for flushes and host writes to report.
+        let _ = inner.write_stripe(job);
+    }
+}
