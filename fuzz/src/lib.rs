@@ -21,9 +21,37 @@ pub fn nbd_handshake(data: &[u8]) {
         e.set_default("disk");
         e
     });
-    let mut r = Cursor::new(data);
+    // The first byte picks the server's TLS mode, so the STARTTLS state machine is fuzzed
+    // too; after an acknowledged STARTTLS the rest of the input stands for the decrypted
+    // stream (the TLS layer itself is OpenSSL's).
+    use flashpool_nbd::handshake::{negotiate_after_tls, negotiate_with, Ended, Policy};
+    use flashpool_nbd::TlsMode;
+    let (mode, rest) = match data.split_first() {
+        Some((b, rest)) => (
+            match b % 3 {
+                0 => TlsMode::Off,
+                1 => TlsMode::On,
+                _ => TlsMode::Require,
+            },
+            rest,
+        ),
+        None => (TlsMode::Off, data),
+    };
+    let stop = AtomicBool::new(false);
+    let mut policy = Policy {
+        shutting_down: &stop,
+        admit: &|| true,
+        tls: mode,
+        in_tls: false,
+    };
+    let mut r = Cursor::new(rest);
     let mut w = std::io::sink();
-    let _ = flashpool_nbd::handshake::negotiate(&mut r, &mut w, exports, &AtomicBool::new(false));
+    if let Err(Ended::StartTls { client_flags }) = negotiate_with(&mut r, &mut w, exports, &policy)
+    {
+        assert_ne!(mode, TlsMode::Off, "STARTTLS acknowledged without TLS");
+        policy.in_tls = true;
+        let _ = negotiate_after_tls(&mut r, &mut w, exports, &policy, client_flags);
+    }
 }
 
 /// Transmission-phase request headers (compact and extended) and option headers.

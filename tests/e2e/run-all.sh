@@ -44,6 +44,7 @@ CHECKS=(
     "qemu-img:check-qemu-img.sh"
     "ext4-nbdfuse:check-fs.sh"
     "restart-persistence:check-restart.sh"
+    "tls:check-tls.sh"
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"

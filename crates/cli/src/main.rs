@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Export the pool's volumes over NBD (creates a default pool on first run).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Manage the volumes of a data dir.
     Volume(volume::VolumeArgs),
     /// List drives, add one, fail one, rebuild.
@@ -70,7 +70,7 @@ fn main() {
         }
     }
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Volume(args) => volume::run(args),
         Command::Drive(args) => drive::run(args),
         Command::Status(args) => status::run(args),

@@ -96,10 +96,62 @@ pub struct ServeArgs {
     /// Connections in handshake at once from one peer address.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_handshakes_per_peer: u64,
+    /// TLS for NBD (NBD_OPT_STARTTLS): off; on (clients may use it); require (clients must,
+    /// before anything else). Needs --tls-certificates or --tls-psk.
+    #[arg(long, default_value = "off", value_parser = ["off", "on", "require"])]
+    pub tls: String,
+    /// Directory holding ca-cert.pem, server-cert.pem and server-key.pem (nbdkit's layout).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys for TLS-PSK, in psktool's format (identity:hexkey per line).
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// With --tls-certificates: clients must present a certificate signed by ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+}
+
+/// The TLS setup the flags ask for (None: off); every inconsistency is an error.
+fn tls_from(a: &ServeArgs) -> Result<Option<flashpool_nbd::Tls>> {
+    use flashpool_nbd::{Tls, TlsCredentials, TlsMode};
+    let mode = match a.tls.as_str() {
+        "on" => TlsMode::On,
+        "require" => TlsMode::Require,
+        _ => TlsMode::Off,
+    };
+    let creds = match (&a.tls_certificates, &a.tls_psk) {
+        (Some(_), Some(_)) => anyhow::bail!("--tls-certificates and --tls-psk exclude each other"),
+        (Some(dir), None) => Some(TlsCredentials::X509 {
+            dir: dir.clone(),
+            verify_peer: a.tls_verify_peer,
+        }),
+        (None, Some(file)) => Some(TlsCredentials::Psk { file: file.clone() }),
+        (None, None) => None,
+    };
+    if a.tls_verify_peer && a.tls_certificates.is_none() {
+        anyhow::bail!("--tls-verify-peer needs --tls-certificates");
+    }
+    match (mode, creds) {
+        (TlsMode::Off, None) => Ok(None),
+        (TlsMode::Off, Some(_)) => {
+            anyhow::bail!("--tls-certificates/--tls-psk given but --tls is off: say --tls on or --tls require")
+        }
+        (_, None) => anyhow::bail!(
+            "--tls {} needs --tls-certificates DIR or --tls-psk FILE",
+            a.tls
+        ),
+        (mode, Some(c)) => {
+            if a.stdio {
+                anyhow::bail!("--tls is for network listeners, not --stdio");
+            }
+            Ok(Some(Tls::new(mode, &c).context("TLS")?))
+        }
+    }
 }
 
 /// Runs `flashpool serve`.
 pub fn run(a: ServeArgs) -> Result<()> {
+    let tls = tls_from(&a)?;
     if !a.stdio && std::env::var_os("LISTEN_FDS").is_none() {
         // Check the address (and that the port is free) before touching the data dir, so a
         // typo never leaves a new pool behind.
@@ -167,8 +219,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
         handshake_timeout: std::time::Duration::from_secs(a.handshake_timeout),
         max_handshakes_per_peer: a.max_handshakes_per_peer as usize,
+        tls: tls.clone(),
         ..Config::default()
     };
+    if let Some(t) = &tls {
+        tracing::info!(mode = ?t.mode, "TLS: {}", t.describe);
+    }
+    let scheme = if tls.is_some() { "nbds" } else { "nbd" };
     let mut server = Server::new(Arc::new(PoolExports(pool.clone())), config)?;
     let nvme = match &a.nvme_tcp {
         Some(addr) => {
@@ -198,14 +255,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .listen_tcp(&a.listen)
                 .with_context(|| format!("listening on {}", a.listen))?;
             for v in pool.volumes() {
-                say(format!("nbd://{addr}/{}", v.name));
+                say(format!("{scheme}://{addr}/{}", v.name));
             }
             if let Some(s) = &a.socket {
                 server
                     .listen_unix(s)
                     .with_context(|| format!("listening on {}", s.display()))?;
                 for v in pool.volumes() {
-                    say(format!("nbd+unix:///{}?socket={}", v.name, s.display()));
+                    say(format!(
+                        "{scheme}+unix:///{}?socket={}",
+                        v.name,
+                        s.display()
+                    ));
                 }
             }
         } else {

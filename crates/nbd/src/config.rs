@@ -66,6 +66,9 @@ pub struct Config {
     /// Most connections polling at once (each holds a core while it polls); the others
     /// sleep in `recv` as usual. Default: half the CPUs, at least one.
     pub max_pollers: usize,
+    /// TLS (`NBD_OPT_STARTTLS`, X.509 or PSK; `tls.rs`); None: no TLS. Not applied to
+    /// `Server::run_stdio`.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             max_pollers: std::thread::available_parallelism()
                 .map_or(1, |n| n.get() / 2)
                 .max(1),
+            tls: None,
         }
     }
 }

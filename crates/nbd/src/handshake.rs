@@ -54,6 +54,12 @@ pub enum Ended {
     ClientLeft,
     /// Protocol violation or I/O error: hard disconnect.
     Error(io::Error),
+    /// The client asked for TLS and got `ACK`: the caller runs the TLS handshake on the
+    /// socket, then goes on with [`negotiate_after_tls`] over the encrypted stream.
+    StartTls {
+        /// The flags the client sent after the greeting.
+        client_flags: u32,
+    },
 }
 
 impl From<io::Error> for Ended {
@@ -102,6 +108,13 @@ pub struct Policy<'a> {
     /// `NBD_REP_ERR_POLICY` (haggling goes on), `EXPORT_NAME` with a
     /// disconnect. The server takes a connection slot here.
     pub admit: &'a dyn Fn() -> bool,
+    /// TLS: Off answers `NBD_OPT_STARTTLS` with `NBD_REP_ERR_UNSUP`; On and Require accept it
+    /// (the handshake then ends with [`Ended::StartTls`] for the caller to run TLS and call
+    /// [`negotiate_after_tls`]); Require refuses every other option before TLS with
+    /// `NBD_REP_ERR_TLS_REQD` (`EXPORT_NAME`: disconnect).
+    pub tls: crate::tls::TlsMode,
+    /// The options so far were sent over TLS.
+    pub in_tls: bool,
 }
 
 struct Haggle<'a, R, W> {
@@ -110,6 +123,10 @@ struct Haggle<'a, R, W> {
     exports: &'a dyn ExportSet,
     shutting_down: &'a AtomicBool,
     admit: &'a dyn Fn() -> bool,
+    tls: crate::tls::TlsMode,
+    in_tls: bool,
+    /// `NBD_OPT_STARTTLS` was acknowledged: TLS starts now.
+    starting_tls: bool,
     no_zeroes: bool,
     structured: bool,
     extended: bool,
@@ -129,6 +146,8 @@ pub fn negotiate<R: Read, W: Write>(
     let policy = Policy {
         shutting_down,
         admit: &|| true,
+        tls: crate::tls::TlsMode::Off,
+        in_tls: false,
     };
     negotiate_with(r, w, exports, &policy)
 }
@@ -153,6 +172,28 @@ pub fn negotiate_with<R: Read, W: Write>(
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(violation("unknown client flags"));
     }
+    haggle(r, w, exports, policy, client_flags)
+}
+
+/// Option haggling after TLS started (the greeting and client flags were exchanged in the
+/// clear; what was negotiated before `NBD_OPT_STARTTLS` is forgotten, as the spec asks).
+pub fn negotiate_after_tls<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    exports: &dyn ExportSet,
+    policy: &Policy<'_>,
+    client_flags: u32,
+) -> Result<Session, Ended> {
+    haggle(r, w, exports, policy, client_flags)
+}
+
+fn haggle<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    exports: &dyn ExportSet,
+    policy: &Policy<'_>,
+    client_flags: u32,
+) -> Result<Session, Ended> {
     let fixed = client_flags & FLAG_C_FIXED_NEWSTYLE != 0;
     let mut h = Haggle {
         r,
@@ -160,6 +201,9 @@ pub fn negotiate_with<R: Read, W: Write>(
         exports,
         shutting_down: policy.shutting_down,
         admit: policy.admit,
+        tls: policy.tls,
+        in_tls: policy.in_tls,
+        starting_tls: false,
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         structured: false,
         extended: false,
@@ -186,6 +230,9 @@ pub fn negotiate_with<R: Read, W: Write>(
         if let Some(s) = h.option(oh.option, &data)? {
             return Ok(s);
         }
+        if h.starting_tls {
+            return Err(Ended::StartTls { client_flags });
+        }
     }
     Err(violation("too many options"))
 }
@@ -207,7 +254,41 @@ impl<R: Read, W: Write> Haggle<'_, R, W> {
             self.reply(option, REP_ERR_SHUTDOWN, b"server is shutting down")?;
             return Ok(None);
         }
+        if self.tls == crate::tls::TlsMode::Require
+            && !self.in_tls
+            && option != OPT_STARTTLS
+            && option != OPT_ABORT
+        {
+            if option == OPT_EXPORT_NAME {
+                return Err(violation(
+                    "NBD_OPT_EXPORT_NAME before TLS on a server that requires it",
+                ));
+            }
+            self.reply(
+                option,
+                REP_ERR_TLS_REQD,
+                b"this server requires TLS: NBD_OPT_STARTTLS first",
+            )?;
+            return Ok(None);
+        }
         match option {
+            OPT_STARTTLS => {
+                if self.tls == crate::tls::TlsMode::Off {
+                    self.reply(
+                        option,
+                        REP_ERR_UNSUP,
+                        b"TLS is not configured on this server",
+                    )?;
+                } else if self.in_tls {
+                    self.reply(option, REP_ERR_INVALID, b"TLS is already on")?;
+                } else if !data.is_empty() {
+                    self.reply(option, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data")?;
+                } else {
+                    self.reply(option, REP_ACK, &[])?;
+                    self.starting_tls = true;
+                }
+                Ok(None)
+            }
             OPT_EXPORT_NAME => self.export_name(data).map(Some),
             OPT_ABORT => {
                 // The client may already have gone; it is leaving either way.

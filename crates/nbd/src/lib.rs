@@ -16,6 +16,7 @@
 //! - `transport`: TCP / Unix / stdio byte streams;
 //! - [`activation`]: systemd socket activation;
 //! - [`server`]: listeners, accept loop, connection registry, shutdown;
+//! - [`tls`]: `NBD_OPT_STARTTLS` with X.509 or PSK credentials (OpenSSL);
 //! - [`memory`]: a sparse in-memory export for tests and benchmarks.
 
 pub mod activation;
@@ -28,6 +29,7 @@ pub mod memory;
 mod poll_policy;
 pub mod proto;
 pub mod server;
+pub mod tls;
 mod transmission;
 mod transport;
 pub mod wire;
@@ -36,3 +38,4 @@ pub use config::Config;
 pub use export::{ErrorKind, Export, ExportError, ExportSet, Extent, StaticExports};
 pub use memory::MemExport;
 pub use server::{Server, ShutdownHandle};
+pub use tls::{Tls, TlsCredentials, TlsMode};

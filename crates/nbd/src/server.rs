@@ -705,6 +705,10 @@ pub fn serve_stream<R: Read + Send, W: Write + Send>(
     }
 }
 
+/// The read and write halves a connection goes on with after `NBD_OPT_STARTTLS`: the plain
+/// end of its TLS pump.
+type PlainSide = (BufReader<Box<dyn Read + Send>>, Box<dyn Write + Send>);
+
 fn serve_connection(shared: &Shared, id: u64, t: Transport) {
     let Transport {
         reader,
@@ -715,11 +719,55 @@ fn serve_connection(shared: &Shared, id: u64, t: Transport) {
     } = t;
     let mut r = BufReader::with_capacity(HANDSHAKE_BUFFER, reader);
     let admit = || establish(shared, id);
-    let policy = Policy {
+    let tls = shared.config.tls.as_ref().filter(|_| poll_fd.is_some());
+    let mut policy = Policy {
         shutting_down: &shared.shutting_down,
         admit: &admit,
+        tls: tls.map_or(crate::tls::TlsMode::Off, |t| t.mode),
+        in_tls: false,
     };
-    match handshake::negotiate_with(&mut r, &mut writer, shared.exports.as_ref(), &policy) {
+    let mut outcome =
+        handshake::negotiate_with(&mut r, &mut writer, shared.exports.as_ref(), &policy);
+    // After NBD_OPT_STARTTLS: the TLS handshake on the socket, then the rest of the session
+    // over the plain end of the TLS pump (`tls.rs`).
+    let mut plain_side: Option<PlainSide> = None;
+    let mut poll_fd = poll_fd;
+    if let (Err(Ended::StartTls { client_flags }), Some(tls), Some(fd)) = (&outcome, tls, poll_fd) {
+        let client_flags = *client_flags;
+        outcome = if !r.buffer().is_empty() {
+            Err(Ended::Error(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bytes after NBD_OPT_STARTTLS before the TLS handshake",
+            )))
+        } else {
+            match tls.start(fd, &peer).and_then(|p| Ok((p.try_clone()?, p))) {
+                Ok((pr, pw)) => {
+                    poll_fd = Some(pr.as_raw_fd());
+                    let mut r2 = BufReader::with_capacity(
+                        HANDSHAKE_BUFFER,
+                        Box::new(pr) as Box<dyn Read + Send>,
+                    );
+                    let mut w2: Box<dyn Write + Send> = Box::new(pw);
+                    policy.in_tls = true;
+                    let o = handshake::negotiate_after_tls(
+                        &mut r2,
+                        &mut w2,
+                        shared.exports.as_ref(),
+                        &policy,
+                        client_flags,
+                    );
+                    plain_side = Some((r2, w2));
+                    o
+                }
+                Err(e) => Err(Ended::Error(e)),
+            }
+        };
+    }
+    let (r, mut writer) = match plain_side {
+        Some(p) => p,
+        None => (r, writer),
+    };
+    match outcome {
         Ok(session) => {
             tracing::debug!(
                 "{peer}: export '{}' size {} structured {} base:allocation {}",
@@ -742,8 +790,14 @@ fn serve_connection(shared: &Shared, id: u64, t: Transport) {
             };
             transmission::serve(r, writer, &session, limits, &*closer);
         }
-        Err(Ended::ClientLeft) => {}
-        Err(Ended::Error(e)) => tracing::debug!("{peer}: handshake failed: {e}"),
+        Err(e) => {
+            let _ = writer.flush();
+            match e {
+                Ended::ClientLeft => {}
+                Ended::Error(e) => tracing::debug!("{peer}: handshake failed: {e}"),
+                Ended::StartTls { .. } => tracing::debug!("{peer}: STARTTLS without TLS set up"),
+            }
+        }
     }
     closer(Shutdown::Both);
 }
