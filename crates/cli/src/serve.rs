@@ -192,8 +192,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     );
     dd.pool.set_rebuild_reserve(a.rebuild_reserve == "on");
     // Sealed stripes are written by two threads of their own, so host writes go on while
-    // the drives work (engine `stripe_writer.rs`).
-    dd.pool.start_stripe_writers(2)?;
+    // the drives work (engine `stripe_writer.rs`); memory drives complete at once, and there
+    // the hand-off would cost more than the write.
+    if !dd.pool.drives_complete_inline() {
+        dd.pool.start_stripe_writers(2)?;
+    }
     let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));

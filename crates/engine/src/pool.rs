@@ -838,6 +838,12 @@ impl Pool {
             .map_err(|e| Error::Failed(format!("cannot start the stripe writers: {e}")))
     }
 
+    /// True when every member completes its I/O at once (memory drives): nothing waits for a
+    /// device, so front-ends run requests inline and stripe writers would only add a hand-off.
+    pub fn drives_complete_inline(&self) -> bool {
+        self.inner.drives_complete_inline()
+    }
+
     fn stop_stripe_writers(&self) {
         if let Some(q) = self.inner.stripe_queue.get() {
             q.stop();
