@@ -1,7 +1,10 @@
 """Fill a volume over NBD with a deterministic pattern, or verify what an earlier fill wrote.
 
-    fill.py URI write BYTES STATE   write 1 MiB pieces until BYTES or ENOSPC; flush; record
-                                    how many pieces landed in STATE
+    fill.py URI write BYTES STATE   write 1 MiB pieces until BYTES or ENOSPC, flushing every
+                                    8 MiB and at the end; record in STATE how many pieces a
+                                    successful flush covered (a write is promised only once
+                                    flushed: the server may acknowledge a write and lose it
+                                    if the flush after it fails)
     fill.py URI verify STATE        read the recorded pieces back and compare
 
 Exit 0 on success; `write` prints how far it got and whether the server answered ENOSPC.
@@ -30,7 +33,20 @@ def main() -> int:
     h.connect_uri(uri)
     if action == "write":
         target, state = int(sys.argv[3]), sys.argv[4]
-        n, full = 0, False
+        n, flushed, full = 0, 0, False
+
+        def flush() -> bool:
+            nonlocal flushed, full
+            try:
+                h.flush()
+                flushed = n
+                return True
+            except nbd.Error as e:
+                if not is_enospc(e):
+                    raise
+                full = True
+                return False
+
         while (n + 1) * MIB <= min(target, h.get_size()):
             try:
                 h.pwrite(piece(n), n * MIB)
@@ -40,16 +56,14 @@ def main() -> int:
                     break
                 raise
             n += 1
-        try:
-            h.flush()
-        except nbd.Error as e:
-            if not is_enospc(e):
-                raise
-            full = True
-        # A piece cut short by ENOSPC is left out: only whole pieces before it count.
+            if n % 8 == 0 and not flush():
+                break
+        if not full:
+            flush()
+        # Only pieces a successful flush covered count.
         with open(state, "w") as f:
-            f.write(str(n))
-        print(f"wrote {n} MiB, ENOSPC: {full}")
+            f.write(str(flushed))
+        print(f"wrote {n} MiB, {flushed} MiB flushed, ENOSPC: {full}")
         return 0
     state = sys.argv[3]
     n = int(open(state).read())
