@@ -2,19 +2,28 @@
 //! one JSON answer. It lets `flashpool drive` and `flashpool status` act on a pool that a
 //! `flashpool serve` holds (the data dir lock keeps them from opening it themselves).
 //!
-//! Commands: `status` (pool, members, counters, rebuild progress), `add FORCE [PATH]` (a
-//! drive joins the pool: PATH, or a new file in the data dir), `replace N FORCE PATH` (PATH
-//! takes member N's place; N's data is rebuilt onto the pool), `fail N` (take member N out of
-//! service; the server's cleaner thread rebuilds after its grace delay), `remove N` (fail it
-//! and rebuild now), `readmit N` (put a failed member that has not been rebuilt back in
-//! service), `rebuild` (rebuild now), `scrub [check]` (check every stripe, repair unless `check`). FORCE is 0 or 1. Each connection is served on its own
-//! thread (at most `MAX_ADMIN_CONNECTIONS` at once), so `status` answers while a rebuild runs.
+//! Every operation is an [`Op`] carried out by [`execute`]; the socket's text commands
+//! ([`parse_line`]) and the HTTP API (`ops/http_api.rs`) are two ways of naming one.
+//!
+//! Commands: `status` (pool, members, counters, rebuild progress), `drives` (members only),
+//! `add FORCE [PATH]` (a drive joins the pool: PATH, or a new file in the data dir),
+//! `replace N FORCE PATH` (PATH takes member N's place; N's data is rebuilt onto the pool),
+//! `fail N [force]` (take member N out of service; the server's cleaner thread rebuilds after
+//! its grace delay), `remove N` (fail it and rebuild now), `readmit N` (put a failed member
+//! that has not been rebuilt back in service), `rebuild` (rebuild now), `rebuild
+//! status|pause|resume` (automatic rebuild), `cleaner status|run [FREE]|pause|resume`,
+//! `scrub [check]` (check every stripe, repair unless `check`), `volume list`, `volume show
+//! NAME`, `volume create NAME SIZE [off|lz4|zstd]`, `volume resize NAME SIZE [force]`,
+//! `volume compression NAME off|lz4|zstd`, `volume delete NAME`. FORCE is 0 or 1. Each
+//! connection is served on its own thread (at most `MAX_ADMIN_CONNECTIONS` at once), so
+//! `status` answers while a rebuild runs.
 
 use anyhow::{bail, Context, Result};
 use flashpool_engine::Pool;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,17 +142,409 @@ pub fn status_json(
     })
 }
 
-fn answer(
-    pool: &Pool,
-    dir: &Path,
-    window: &crate::wa_window::WaWindow,
-    line: &str,
-) -> serde_json::Value {
+/// What a running server shares with its admin doors (the Unix socket here, the HTTP API in
+/// `ops/http_api.rs`): both turn a request into an [`Op`] and call [`execute`], so each
+/// operation is implemented once.
+pub struct AdminCtx {
+    pub pool: Arc<Pool>,
+    /// The data dir (new drive files go there; the member record is kept there).
+    pub dir: PathBuf,
+    pub window: Arc<crate::wa_window::WaWindow>,
+    pub controls: Arc<Controls>,
+}
+
+/// Switches the operator sets on the server's background work (`serve.rs` reads them).
+#[derive(Debug, Default)]
+pub struct Controls {
+    /// The background cleaner stays idle (host writes still clean at the foreground
+    /// watermark, so the pool never fills for want of it).
+    pub cleaner_paused: AtomicBool,
+    /// No automatic rebuild after `--rebuild-delay` (an explicit `rebuild` still runs).
+    pub rebuild_paused: AtomicBool,
+}
+
+impl Controls {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cleaner_paused": self.cleaner_paused.load(Ordering::SeqCst),
+            "rebuild_paused": self.rebuild_paused.load(Ordering::SeqCst),
+        })
+    }
+}
+
+/// One admin operation, whichever door it came through.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Status,
+    VolumeList,
+    VolumeGet {
+        name: String,
+    },
+    VolumeCreate {
+        name: String,
+        size: u64,
+        compression: flashpool_engine::Compression,
+    },
+    VolumeResize {
+        name: String,
+        size: u64,
+        force: bool,
+    },
+    VolumeCompression {
+        name: String,
+        compression: flashpool_engine::Compression,
+    },
+    VolumeDelete {
+        name: String,
+    },
+    DriveList,
+    DriveAdd {
+        path: Option<PathBuf>,
+        force: bool,
+    },
+    DriveFail {
+        index: usize,
+        force: bool,
+    },
+    DriveRemove {
+        index: usize,
+    },
+    DriveReadmit {
+        index: usize,
+    },
+    DriveReplace {
+        old: usize,
+        path: PathBuf,
+        force: bool,
+    },
+    /// Rebuild now (waits for it).
+    Rebuild,
+    RebuildStatus,
+    RebuildPause,
+    RebuildResume,
+    CleanerStatus,
+    /// Clean until this many segments are free (default: the cleaner's high watermark).
+    CleanerRun {
+        free_segments: Option<usize>,
+    },
+    CleanerPause,
+    CleanerResume,
+    Scrub {
+        repair: bool,
+    },
+}
+
+impl Op {
+    /// True for operations that only read state.
+    pub fn read_only(&self) -> bool {
+        matches!(
+            self,
+            Op::Status
+                | Op::VolumeList
+                | Op::VolumeGet { .. }
+                | Op::DriveList
+                | Op::RebuildStatus
+                | Op::CleanerStatus
+        )
+    }
+}
+
+/// Why an operation failed, so a door can answer with the right code (HTTP status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The request itself is wrong (a bad number, a missing argument): 400.
+    BadRequest,
+    /// What it names does not exist: 404.
+    NotFound,
+    /// It conflicts with the pool's state (exists already, would lose data): 409.
+    Conflict,
+    /// The pool cannot do it now (no space, read-only, too few drives): 503.
+    Unavailable,
+    /// Anything else: 500.
+    Internal,
+}
+
+/// An operation's error: what went wrong, in words, and its class.
+#[derive(Debug)]
+pub struct OpError {
+    pub failure: Failure,
+    pub error: anyhow::Error,
+}
+
+impl OpError {
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        OpError {
+            failure: Failure::BadRequest,
+            error: anyhow::anyhow!(msg.into()),
+        }
+    }
+    pub fn message(&self) -> String {
+        format!("{:#}", self.error)
+    }
+}
+
+impl From<anyhow::Error> for OpError {
+    fn from(error: anyhow::Error) -> Self {
+        use flashpool_engine::Error as E;
+        let failure = match error.chain().find_map(|e| e.downcast_ref::<E>()) {
+            Some(E::NotFound(_)) => Failure::NotFound,
+            Some(E::AlreadyExists(_)) => Failure::Conflict,
+            Some(E::InvalidArgument(_) | E::OutOfRange { .. }) => Failure::BadRequest,
+            Some(E::NoSpace | E::Unavailable(_) | E::Failed(_)) => Failure::Unavailable,
+            _ => Failure::Internal,
+        };
+        OpError { failure, error }
+    }
+}
+
+impl From<flashpool_engine::Error> for OpError {
+    fn from(e: flashpool_engine::Error) -> Self {
+        anyhow::Error::from(e).into()
+    }
+}
+
+fn conflict(msg: String) -> OpError {
+    OpError {
+        failure: Failure::Conflict,
+        error: anyhow::anyhow!(msg),
+    }
+}
+
+fn volume_json(v: &flashpool_engine::VolumeInfo) -> serde_json::Value {
+    serde_json::json!({
+        "name": v.name, "id": v.id, "size": v.size,
+        "compression": format!("{:?}", v.compression).to_lowercase(),
+        "compression_ratio": v.compression_ratio, "map_bytes": v.map_bytes,
+    })
+}
+
+fn drives_json(ctx: &AdminCtx) -> serde_json::Value {
+    let s = status_json(&ctx.pool, Some(&ctx.dir), None);
+    serde_json::json!({
+        "drives": s["drives"], "not_members": s["not_members"],
+        "protection": s["protection"], "rebuild": s["rebuild"],
+    })
+}
+
+fn check_drive_index(pool: &Pool, index: usize) -> Result<(), OpError> {
+    let n = pool.info().drive_count;
+    if index >= n {
+        return Err(OpError {
+            failure: Failure::NotFound,
+            error: anyhow::anyhow!("no drive {index} (the pool has {n} drives)"),
+        });
+    }
+    Ok(())
+}
+
+fn cleaner_json(ctx: &AdminCtx) -> serde_json::Value {
+    let info = ctx.pool.info();
+    let st = ctx.pool.stats();
+    serde_json::json!({
+        "paused": ctx.controls.cleaner_paused.load(Ordering::SeqCst),
+        "free_segments": info.free_segments, "segments": info.segment_count,
+        "high_water_segments": ctx.pool.gc_high_water(),
+        "runs": st.gc_runs, "segments_cleaned": st.gc_segments_cleaned,
+        "relocated_bytes": st.gc_relocated_bytes,
+    })
+}
+
+/// Carries out one admin operation on the running server's pool.
+pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
+    let pool = &*ctx.pool;
+    let ok = |msg: String| serde_json::json!({ "ok": msg });
+    Ok(match op {
+        Op::Status => {
+            let mut v = status_json(pool, Some(&ctx.dir), Some(&ctx.window));
+            v["controls"] = ctx.controls.json();
+            v
+        }
+        Op::VolumeList => serde_json::json!({
+            "volumes": pool.volumes().iter().map(volume_json).collect::<Vec<_>>()
+        }),
+        Op::VolumeGet { name } => {
+            let v = pool.volume(&name)?;
+            let info = pool
+                .volumes()
+                .into_iter()
+                .find(|i| i.name == name)
+                .with_context(|| format!("volume {name:?} went away"))?;
+            let written: u64 = v
+                .block_status(0, v.size())?
+                .iter()
+                .filter(|e| e.state == flashpool_engine::BlockState::Data)
+                .map(|e| e.length)
+                .sum();
+            let mut j = volume_json(&info);
+            j["allocated_bytes"] = serde_json::json!(written);
+            j
+        }
+        Op::VolumeCreate {
+            name,
+            size,
+            compression,
+        } => {
+            let v = pool.create_volume_with(&name, size, compression)?;
+            let mut j = ok(format!("created volume {} ({} bytes)", v.name, v.size));
+            j["volume"] = volume_json(&v);
+            j
+        }
+        Op::VolumeResize { name, size, force } => {
+            let v = pool.volume(&name)?;
+            if size < v.size() && !force {
+                let written: u64 = v
+                    .block_status(size, v.size() - size)?
+                    .iter()
+                    .filter(|e| e.state == flashpool_engine::BlockState::Data)
+                    .map(|e| e.length)
+                    .sum();
+                if written > 0 {
+                    return Err(conflict(format!(
+                        "volume {name} holds {} KiB of data past {size} bytes: shrinking discards it (force to shrink anyway)",
+                        written.div_ceil(1024)
+                    )));
+                }
+            }
+            pool.resize_volume(&name, size)?;
+            ok(format!("resized volume {name} to {size} bytes"))
+        }
+        Op::VolumeCompression { name, compression } => {
+            pool.set_volume_compression(&name, compression)?;
+            ok(format!(
+                "volume {name}: compression {} for blocks written from now on",
+                format!("{compression:?}").to_lowercase()
+            ))
+        }
+        Op::VolumeDelete { name } => {
+            pool.delete_volume(&name)?;
+            ok(format!("deleted volume {name}"))
+        }
+        Op::DriveList => drives_json(ctx),
+        Op::DriveFail { index, force } => {
+            check_drive_index(pool, index)?;
+            if force {
+                pool.force_fail_drive(index)?;
+            } else {
+                pool.fail_drive(index)?;
+            }
+            ok(format!(
+                "drive {index} taken out of service; its data is rebuilt onto the others after the server's --rebuild-delay unless it is readmitted first"
+            ))
+        }
+        Op::DriveAdd { path, force } => {
+            let path = crate::datadir::add_drive(&ctx.dir, pool, path.as_deref(), force)?;
+            let info = pool.info();
+            ok(format!(
+                "drive {} added: {} members, stripes {}+{}, capacity {} MiB",
+                path.display(),
+                info.drive_count,
+                info.k,
+                info.m,
+                info.capacity_bytes >> 20
+            ))
+        }
+        Op::DriveReplace { old, path, force } => {
+            check_drive_index(pool, old)?;
+            let st = crate::datadir::replace_drive(&ctx.dir, pool, old, &path, force)?;
+            ok(format!(
+                "member {old} replaced by {}: {} segments ({} MiB) rebuilt in {:.1} s",
+                path.display(),
+                st.total_segments,
+                st.moved_bytes >> 20,
+                st.elapsed_secs
+            ))
+        }
+        Op::DriveRemove { index } => {
+            check_drive_index(pool, index)?;
+            pool.fail_drive(index)?;
+            let st = pool.rebuild()?;
+            ok(format!(
+                "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
+                st.total_segments,
+                st.moved_bytes >> 20,
+                st.elapsed_secs
+            ))
+        }
+        Op::DriveReadmit { index } => {
+            check_drive_index(pool, index)?;
+            pool.readmit_drive(index)?;
+            ok(format!("drive {index} back in service"))
+        }
+        Op::Scrub { repair } => crate::scrub::report_json(&pool.scrub(repair, None)?),
+        Op::Rebuild => {
+            if pool.needs_rebuild() {
+                let st = pool.rebuild()?;
+                ok(format!(
+                    "rebuild done: {} segments, {} MiB moved in {:.1} s",
+                    st.total_segments,
+                    st.moved_bytes >> 20,
+                    st.elapsed_secs
+                ))
+            } else {
+                ok("nothing to rebuild".into())
+            }
+        }
+        Op::RebuildStatus => {
+            let mut j = status_json(pool, None, None)["rebuild"].clone();
+            j["paused"] = ctx.controls.rebuild_paused.load(Ordering::SeqCst).into();
+            j
+        }
+        Op::RebuildPause => {
+            ctx.controls.rebuild_paused.store(true, Ordering::SeqCst);
+            ok("automatic rebuild paused: a lost member's data is not rebuilt until `rebuild resume` or an explicit rebuild".into())
+        }
+        Op::RebuildResume => {
+            ctx.controls.rebuild_paused.store(false, Ordering::SeqCst);
+            ok("automatic rebuild resumed".into())
+        }
+        Op::CleanerStatus => cleaner_json(ctx),
+        Op::CleanerRun { free_segments } => {
+            let target = free_segments.unwrap_or_else(|| pool.gc_high_water());
+            let n = pool.gc(target)?;
+            let mut j = ok(format!(
+                "cleaner: {n} segments cleaned, {} free",
+                pool.info().free_segments
+            ));
+            j["cleaned_segments"] = n.into();
+            j
+        }
+        Op::CleanerPause => {
+            ctx.controls.cleaner_paused.store(true, Ordering::SeqCst);
+            ok(
+                "background cleaner paused (host writes still clean at the foreground watermark)"
+                    .into(),
+            )
+        }
+        Op::CleanerResume => {
+            ctx.controls.cleaner_paused.store(false, Ordering::SeqCst);
+            ok("background cleaner resumed".into())
+        }
+    })
+}
+
+/// Reads one socket command line as an [`Op`].
+pub fn parse_line(line: &str) -> Result<Op, OpError> {
     let words: Vec<&str> = line.split_whitespace().collect();
-    let number = |w: Option<&&str>, what: &str| -> Result<usize> {
-        w.with_context(|| format!("missing {what}"))?
+    let number = |i: usize, what: &str| -> Result<usize, OpError> {
+        words
+            .get(i)
+            .ok_or_else(|| OpError::bad_request(format!("missing {what}")))?
             .parse::<usize>()
-            .with_context(|| format!("{what} must be a number"))
+            .map_err(|_| OpError::bad_request(format!("{what} must be a number")))
+    };
+    let word = |i: usize, what: &str| -> Result<String, OpError> {
+        words
+            .get(i)
+            .map(|w| w.to_string())
+            .ok_or_else(|| OpError::bad_request(format!("missing {what}")))
+    };
+    let size = |i: usize| -> Result<u64, OpError> {
+        crate::size::parse_size(&word(i, "size")?)
+            .map_err(|e| OpError::bad_request(format!("{e:#}")))
+    };
+    let compression = |w: &str| -> Result<flashpool_engine::Compression, OpError> {
+        w.parse()
+            .map_err(|e: flashpool_engine::Error| OpError::bad_request(e.to_string()))
     };
     // The path is the rest of the line after the leading words (it may hold spaces).
     let rest_after = |n: usize| -> Option<PathBuf> {
@@ -155,85 +556,90 @@ fn answer(
         let p = it.trim();
         (!p.is_empty()).then(|| PathBuf::from(p))
     };
-    let result: Result<serde_json::Value> = match words.first().copied() {
-        Some("status") => Ok(status_json(pool, Some(dir), Some(window))),
-        Some("fail") => number(words.get(1), "drive index").and_then(|i| {
-            if words.get(2) == Some(&"force") {
-                pool.force_fail_drive(i)?;
-            } else {
-                pool.fail_drive(i)?;
-            }
-            Ok(serde_json::json!({"ok": format!(
-                "drive {i} taken out of service; its data is rebuilt onto the others after the server's --rebuild-delay unless it is readmitted first"
-            )}))
-        }),
-        Some("add") => number(words.get(1), "force flag").and_then(|force| {
-            let path = crate::datadir::add_drive(dir, pool, rest_after(2).as_deref(), force == 1)?;
-            let info = pool.info();
-            Ok(serde_json::json!({"ok": format!(
-                "drive {} added: {} members, stripes {}+{}, capacity {} MiB",
-                path.display(), info.drive_count, info.k, info.m, info.capacity_bytes >> 20
-            )}))
-        }),
-        Some("replace") => number(words.get(1), "member index").and_then(|old| {
-            let force = number(words.get(2), "force flag")?;
-            let path = rest_after(3).context("missing the new drive's path")?;
-            let st = crate::datadir::replace_drive(dir, pool, old, &path, force == 1)?;
-            Ok(serde_json::json!({"ok": format!(
-                "member {old} replaced by {}: {} segments ({} MiB) rebuilt in {:.1} s",
-                path.display(), st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
-            )}))
-        }),
-        Some("remove") => number(words.get(1), "drive index").and_then(|i| {
-            pool.fail_drive(i)?;
-            let st = pool.rebuild()?;
-            Ok(serde_json::json!({"ok": format!(
-                "drive {i} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
-                st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
-            )}))
-        }),
-        Some("readmit") => number(words.get(1), "drive index").and_then(|i| {
-            pool.readmit_drive(i)?;
-            Ok(serde_json::json!({"ok": format!("drive {i} back in service")}))
-        }),
-        Some("scrub") => {
-            let repair = words.get(1) != Some(&"check");
-            pool.scrub(repair, None)
-                .map(|r| crate::scrub::report_json(&r))
-                .map_err(Into::into)
+    let flag = |i: usize, name: &str| words.get(i) == Some(&name);
+    Ok(match (words.first().copied(), words.get(1).copied()) {
+        (Some("status"), _) => Op::Status,
+        (Some("fail"), _) => Op::DriveFail {
+            index: number(1, "drive index")?,
+            force: flag(2, "force"),
+        },
+        (Some("add"), _) => Op::DriveAdd {
+            force: number(1, "force flag")? == 1,
+            path: rest_after(2),
+        },
+        (Some("replace"), _) => Op::DriveReplace {
+            old: number(1, "member index")?,
+            force: number(2, "force flag")? == 1,
+            path: rest_after(3)
+                .ok_or_else(|| OpError::bad_request("missing the new drive's path"))?,
+        },
+        (Some("remove"), _) => Op::DriveRemove {
+            index: number(1, "drive index")?,
+        },
+        (Some("readmit"), _) => Op::DriveReadmit {
+            index: number(1, "drive index")?,
+        },
+        (Some("drives"), _) => Op::DriveList,
+        (Some("scrub"), _) => Op::Scrub {
+            repair: !flag(1, "check"),
+        },
+        (Some("rebuild"), None) => Op::Rebuild,
+        (Some("rebuild"), Some("status")) => Op::RebuildStatus,
+        (Some("rebuild"), Some("pause")) => Op::RebuildPause,
+        (Some("rebuild"), Some("resume")) => Op::RebuildResume,
+        (Some("cleaner"), Some("status")) => Op::CleanerStatus,
+        (Some("cleaner"), Some("run")) => Op::CleanerRun {
+            free_segments: match words.get(2) {
+                Some(_) => Some(number(2, "free segment target")?),
+                None => None,
+            },
+        },
+        (Some("cleaner"), Some("pause")) => Op::CleanerPause,
+        (Some("cleaner"), Some("resume")) => Op::CleanerResume,
+        (Some("volume"), Some("list")) => Op::VolumeList,
+        (Some("volume"), Some("show")) => Op::VolumeGet {
+            name: word(2, "volume name")?,
+        },
+        (Some("volume"), Some("create")) => Op::VolumeCreate {
+            name: word(2, "volume name")?,
+            size: size(3)?,
+            compression: match words.get(4) {
+                Some(w) => compression(w)?,
+                None => Default::default(),
+            },
+        },
+        (Some("volume"), Some("resize")) => Op::VolumeResize {
+            name: word(2, "volume name")?,
+            size: size(3)?,
+            force: flag(4, "force"),
+        },
+        (Some("volume"), Some("compression")) => Op::VolumeCompression {
+            name: word(2, "volume name")?,
+            compression: compression(&word(3, "compression")?)?,
+        },
+        (Some("volume"), Some("delete")) => Op::VolumeDelete {
+            name: word(2, "volume name")?,
+        },
+        _ => {
+            return Err(OpError::bad_request(format!(
+                "unknown command {line:?}: status, drives, add, replace, fail N, remove N, readmit N, rebuild [status|pause|resume], cleaner status|run [N]|pause|resume, scrub [check], volume list|show|create|resize|compression|delete"
+            )))
         }
-        Some("rebuild") => {
-            if pool.needs_rebuild() {
-                pool.rebuild()
-                    .map(|st| {
-                        serde_json::json!({"ok": format!(
-                            "rebuild done: {} segments, {} MiB moved in {:.1} s",
-                            st.total_segments, st.moved_bytes >> 20, st.elapsed_secs
-                        )})
-                    })
-                    .map_err(Into::into)
-            } else {
-                Ok(serde_json::json!({"ok": "nothing to rebuild"}))
-            }
-        }
-        _ => Err(anyhow::anyhow!(
-            "unknown command {line:?}: status, add, replace, fail N, remove N, readmit N or rebuild"
-        )),
-    };
-    result.unwrap_or_else(|e| serde_json::json!({"error": format!("{e:#}")}))
+    })
+}
+
+fn answer(ctx: &AdminCtx, line: &str) -> serde_json::Value {
+    parse_line(line)
+        .and_then(|op| execute(ctx, op))
+        .unwrap_or_else(|e| serde_json::json!({"error": e.message()}))
 }
 
 /// Serves the admin socket until `stop` is set (checked between connections).
-pub fn spawn(
-    dir: &Path,
-    pool: Arc<Pool>,
-    window: Arc<crate::wa_window::WaWindow>,
-) -> Result<PathBuf> {
-    let path = socket_path(dir);
+pub fn spawn(ctx: Arc<AdminCtx>) -> Result<PathBuf> {
+    let path = socket_path(&ctx.dir);
     let _ = std::fs::remove_file(&path); // the data dir lock says no other server owns it
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-    let dir = dir.to_owned();
     std::thread::Builder::new()
         .name("admin".into())
         .spawn(move || {
@@ -246,12 +652,11 @@ pub fn spawn(
                     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
                     continue;
                 }
-                let (pool, dir, busy) = (pool.clone(), dir.clone(), busy.clone());
-                let window = window.clone();
+                let (ctx, busy) = (ctx.clone(), busy.clone());
                 let spawned = std::thread::Builder::new()
                     .name("admin-conn".into())
                     .spawn(move || {
-                        serve_one(&pool, &dir, &window, conn);
+                        serve_one(&ctx, conn);
                         busy.fetch_sub(1, Ordering::SeqCst);
                     });
                 if spawned.is_err() {
@@ -263,7 +668,7 @@ pub fn spawn(
 }
 
 /// Reads one command from `conn` and answers it.
-fn serve_one(pool: &Pool, dir: &Path, window: &crate::wa_window::WaWindow, conn: UnixStream) {
+fn serve_one(ctx: &AdminCtx, conn: UnixStream) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
     // At most 4 KiB of command (a path included): anything longer is not one of ours.
@@ -273,7 +678,7 @@ fn serve_one(pool: &Pool, dir: &Path, window: &crate::wa_window::WaWindow, conn:
     {
         return;
     }
-    let reply = answer(pool, dir, window, line.trim());
+    let reply = answer(ctx, line.trim());
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
 }
 
@@ -282,7 +687,7 @@ fn serve_one(pool: &Pool, dir: &Path, window: &crate::wa_window::WaWindow, conn:
 fn answer_timeout(command: &str) -> Duration {
     match command.split_whitespace().next() {
         Some("remove" | "replace" | "rebuild" | "scrub") => Duration::from_secs(24 * 3600),
-        Some("add") => Duration::from_secs(600),
+        Some("add" | "cleaner" | "volume") => Duration::from_secs(600),
         _ => Duration::from_secs(30),
     }
 }

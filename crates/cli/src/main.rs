@@ -12,6 +12,7 @@ mod datadir;
 mod drive;
 mod export;
 mod nvme;
+mod ops;
 mod scrub;
 mod serve;
 mod sim;

@@ -13,6 +13,11 @@ use std::sync::Arc;
 /// Arguments of `flashpool serve`.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// Read settings from this TOML file: keys are the long flag names (`listen =
+    /// "0.0.0.0:10809"`, `busy-poll-us = 50`, `drive = ["/dev/sdb", "/dev/sdc"]`); flags given
+    /// here override it; relative paths in it are taken from its directory (docs/OPERATIONS.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Data dir holding the pool (created on first run).
     #[arg(long, default_value = "flashpool-data")]
     pub data: PathBuf,
@@ -109,6 +114,86 @@ pub struct ServeArgs {
     /// With --tls-certificates: clients must present a certificate signed by ca-cert.pem.
     #[arg(long)]
     pub tls_verify_peer: bool,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT listens on
+    /// 127.0.0.1 only).
+    #[arg(long, value_name = "[HOST:]PORT")]
+    pub metrics: Option<String>,
+    /// Serve the admin JSON API (docs/openapi.yaml) on a listener of its own (a bare PORT
+    /// listens on 127.0.0.1 only); needs --api-token-file. With --api-token-file alone, the
+    /// API is served on the --metrics listener.
+    #[arg(long, value_name = "[HOST:]PORT")]
+    pub api: Option<String>,
+    /// File whose first line is the admin API's bearer token (16 characters at least):
+    /// requests without `Authorization: Bearer TOKEN` are refused (401).
+    #[arg(long, value_name = "FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// Let the admin API answer peers that are not on this machine (by default it answers
+    /// loopback peers only, and --api refuses a non-loopback address).
+    #[arg(long)]
+    pub api_allow_remote: bool,
+}
+
+/// The HTTP listeners asked for, bound before the data dir is touched.
+struct HttpPlan {
+    metrics: Option<std::net::TcpListener>,
+    api: Option<std::net::TcpListener>,
+    token: Option<crate::ops::http_api::Token>,
+}
+
+fn bind(flag: &str, spec: &str) -> Result<(std::net::TcpListener, bool)> {
+    use std::net::ToSocketAddrs;
+    let addr = crate::ops::listen_address(spec).with_context(|| flag.to_string())?;
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .with_context(|| format!("{flag} {addr:?}: not a HOST:PORT address"))?
+        .collect();
+    let l = std::net::TcpListener::bind(&addrs[..])
+        .with_context(|| format!("{flag} {addr}: cannot listen there"))?;
+    let loopback = l.local_addr().is_ok_and(|a| crate::ops::is_loopback(&a));
+    Ok((l, loopback))
+}
+
+fn http_plan(a: &ServeArgs) -> Result<HttpPlan> {
+    let token = a
+        .api_token_file
+        .as_deref()
+        .map(crate::ops::http_api::Token::load)
+        .transpose()?;
+    if a.api.is_some() && token.is_none() {
+        anyhow::bail!(
+            "--api needs --api-token-file FILE (the API refuses requests without its bearer token)"
+        );
+    }
+    if token.is_some() && a.api.is_none() && a.metrics.is_none() {
+        anyhow::bail!(
+            "--api-token-file needs --api [HOST:]PORT or --metrics [HOST:]PORT to serve the API on"
+        );
+    }
+    let metrics = match &a.metrics {
+        Some(spec) => {
+            let (l, loopback) = bind("--metrics", spec)?;
+            if !loopback && token.is_some() && a.api.is_none() && !a.api_allow_remote {
+                tracing::warn!("the admin API shares the --metrics listener, which is not loopback: it answers loopback peers only (--api-allow-remote)");
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    let api = match &a.api {
+        Some(spec) => {
+            let (l, loopback) = bind("--api", spec)?;
+            if !loopback && !a.api_allow_remote {
+                anyhow::bail!("--api {spec}: not a loopback address; --api-allow-remote lets other machines reach the admin API");
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    Ok(HttpPlan {
+        metrics,
+        api,
+        token,
+    })
 }
 
 /// The TLS setup the flags ask for (None: off); every inconsistency is an error.
@@ -150,8 +235,28 @@ fn tls_from(a: &ServeArgs) -> Result<Option<flashpool_nbd::Tls>> {
 }
 
 /// Runs `flashpool serve`.
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    if let Some(file) = a.config.clone() {
+        let settings = crate::ops::config::load(&file)?;
+        let given = crate::ops::config::command_line_flags()?;
+        let base = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        crate::ops::config::apply(&mut a, settings, &given, base);
+        // clap checked these on the command line alone.
+        if a.drives.is_some() && !a.drive.is_empty() {
+            anyhow::bail!(
+                "drives and drive (--drives, --drive) exclude each other ({} sets one of them)",
+                file.display()
+            );
+        }
+        if a.nvme_nqn.is_some() && a.nvme_tcp.is_none() {
+            anyhow::bail!("nvme-nqn (--nvme-nqn) needs nvme-tcp (--nvme-tcp)");
+        }
+    }
     let tls = tls_from(&a)?;
+    let mut http = http_plan(&a)?;
     if !a.stdio && std::env::var_os("LISTEN_FDS").is_none() {
         // Check the address (and that the port is free) before touching the data dir, so a
         // typo never leaves a new pool behind.
@@ -201,12 +306,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let pool = Arc::new(dd.pool);
     let stop_cleaner = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let window = Arc::new(crate::wa_window::WaWindow::default());
+    let controls = Arc::new(crate::admin::Controls::default());
     let cleaner = spawn_cleaner(
         pool.clone(),
         stop_cleaner.clone(),
         a.rebuild_delay,
         window.clone(),
+        controls.clone(),
     );
+    let admin = Arc::new(crate::admin::AdminCtx {
+        pool: pool.clone(),
+        dir: dd_dir.clone(),
+        window: window.clone(),
+        controls: controls.clone(),
+    });
     if a.scrub_interval_hours > 0 {
         spawn_scrubber(
             pool.clone(),
@@ -215,8 +328,44 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     if !a.memory {
-        let path = crate::admin::spawn(&dd_dir, pool.clone(), window.clone())?;
+        let path = crate::admin::spawn(admin.clone())?;
         tracing::info!(socket = %path.display(), "admin socket");
+    }
+    let metrics = match http.metrics.is_some() {
+        true => Some(Arc::new(
+            crate::ops::metrics::Metrics::new(pool.clone(), controls.clone())
+                .context("setting up metrics")?,
+        )),
+        false => None,
+    };
+    let api = http.token.take().map(|token| {
+        Arc::new(crate::ops::http_api::Api {
+            ctx: admin.clone(),
+            token,
+            allow_remote: a.api_allow_remote,
+        })
+    });
+    if let Some(l) = http.metrics.take() {
+        use crate::ops::http_api::{spawn, Door};
+        let with_api = a.api.is_none();
+        let door = Door {
+            metrics: metrics.clone(),
+            api: if with_api { api.clone() } else { None },
+        };
+        let addr = spawn(l, door, "--metrics")?;
+        eprintln!("metrics on http://{addr}/metrics");
+        if with_api && api.is_some() {
+            eprintln!("admin API on http://{addr}/api/v1/");
+        }
+    }
+    if let Some(l) = http.api.take() {
+        use crate::ops::http_api::{spawn, Door};
+        let door = Door {
+            metrics: None,
+            api: api.clone(),
+        };
+        let addr = spawn(l, door, "--api")?;
+        eprintln!("admin API on http://{addr}/api/v1/");
     }
     let config = Config {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
@@ -229,7 +378,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         tracing::info!(mode = ?t.mode, "TLS: {}", t.describe);
     }
     let scheme = if tls.is_some() { "nbds" } else { "nbd" };
-    let mut server = Server::new(Arc::new(PoolExports(pool.clone())), config)?;
+    let exports: Arc<dyn flashpool_nbd::ExportSet> = match &metrics {
+        // Counted per volume for /metrics; uncounted (nothing on the I/O path) otherwise.
+        Some(m) => Arc::new(m.exports()),
+        None => Arc::new(PoolExports(pool.clone())),
+    };
+    let mut server = Server::new(exports, config)?;
     let nvme = match &a.nvme_tcp {
         Some(addr) => {
             let (running, uri) = crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone())?;
@@ -314,6 +468,7 @@ fn spawn_cleaner(
     stop: Arc<std::sync::atomic::AtomicBool>,
     rebuild_delay: u64,
     window: Arc<crate::wa_window::WaWindow>,
+    controls: Arc<crate::admin::Controls>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("cleaner".into())
@@ -342,6 +497,7 @@ fn spawn_cleaner(
                     backoff = std::time::Duration::from_secs(10);
                 } else if lost_since.get_or_insert(now).elapsed().as_secs() >= rebuild_delay
                     && retry_at.is_none_or(|t| now >= t)
+                    && !controls.rebuild_paused.load(std::sync::atomic::Ordering::SeqCst)
                 {
                     tracing::warn!("a drive is out of service: rebuilding its data onto the others");
                     match pool.rebuild() {
@@ -368,7 +524,9 @@ fn spawn_cleaner(
                     Err(e) => tracing::warn!(error = %e, "repair of segments with bad blocks failed; retried later"),
                 }
                 let high = pool.gc_high_water();
-                if pool.info().free_segments < high {
+                if !controls.cleaner_paused.load(std::sync::atomic::Ordering::SeqCst)
+                    && pool.info().free_segments < high
+                {
                     match pool.gc(high) {
                         Ok(n) if n > 0 => tracing::debug!(cleaned = n, "background cleaning"),
                         Ok(_) => {}
