@@ -1,0 +1,929 @@
+//! Operating a running `flashpool serve` (issue 20), against the real binary: Prometheus
+//! metrics that move by what a client wrote (scraped while it writes), the admin HTTP API
+//! (refused without its token, volumes created over it served over NBD at once, drives and
+//! background work controlled), `--config` files (settings applied, flags win, errors name
+//! the line), and the systemd units under deploy/ (`systemd-analyze verify` where it exists).
+//!
+//! The NBD client here is a few lines of the protocol (fixed newstyle, NBD_OPT_EXPORT_NAME,
+//! simple replies), so the tests need no client packages; the e2e checks
+//! (tests/e2e/check-metrics.sh, check-http-api.sh) use curl, nbdinfo, nbdcopy and promtool.
+
+use flashpool_nbd::proto;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("flashpool-ops-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn flashpool(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpool"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run flashpool");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    out
+}
+
+/// A `flashpool serve` in the background; SIGTERM and a clean exit on drop.
+struct Server {
+    child: Child,
+    nbd: String,
+    metrics: Option<String>,
+    api: Option<String>,
+    log: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `flashpool serve --data DATA --listen 127.0.0.1:0 ARGS` and waits for the
+    /// addresses it prints.
+    fn start(data: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flashpool"))
+            .args([
+                "serve",
+                "--data",
+                s(data),
+                "--listen",
+                "127.0.0.1:0",
+                "--drive-size",
+                "64M",
+                "--volume-size",
+                "32M",
+                "--sparse",
+            ])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start flashpool serve");
+        let (tx, log) = mpsc::channel();
+        for r in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(r).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let want_metrics = args.contains(&"--metrics");
+        let want_api = args.contains(&"--api");
+        let mut server = Server {
+            child,
+            nbd: String::new(),
+            metrics: None,
+            api: None,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        while server.nbd.is_empty()
+            || (want_metrics && server.metrics.is_none())
+            || (want_api && server.api.is_none())
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match server.log.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => panic!("flashpool serve did not come up: {seen:#?}"),
+            };
+            let addr = |prefix: &str| {
+                line.strip_prefix(prefix)
+                    .and_then(|r| r.strip_prefix("http://"))
+                    .and_then(|r| r.split('/').next())
+                    .map(str::to_string)
+            };
+            if let Some(rest) = line.strip_prefix("nbd://") {
+                server.nbd = rest.split('/').next().unwrap().to_string();
+            } else if let Some(a) = addr("metrics on ") {
+                server.metrics = Some(a);
+            } else if let Some(a) = addr("admin API on ") {
+                server.api = Some(a);
+            }
+            seen.push(line);
+        }
+        server
+    }
+
+    fn metrics(&self) -> Metrics {
+        let (code, body) = http(self.metrics.as_ref().unwrap(), "GET", "/metrics", None, "");
+        assert_eq!(code, 200, "{body}");
+        Metrics::parse(&body)
+    }
+
+    fn stop(mut self) {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().unwrap();
+        let log: Vec<String> = self.log.try_iter().collect();
+        assert!(st.success(), "serve exited {st:?}: {log:#?}");
+        assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One HTTP/1.0 request (so the answer is never chunked); returns status and body.
+fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        c,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad HTTP answer {out:?}"));
+    (code, body.to_string())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// A scrape: series (name with labels as printed) to value; comments checked for form.
+struct Metrics(std::collections::BTreeMap<String, f64>, String);
+
+impl Metrics {
+    fn parse(text: &str) -> Metrics {
+        let mut m = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            if line.starts_with('#') || line.is_empty() {
+                assert!(
+                    line.is_empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE "),
+                    "{line}"
+                );
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let v: f64 = value.parse().unwrap_or_else(|_| panic!("{line}"));
+            assert!(
+                m.insert(series.to_string(), v).is_none(),
+                "duplicate {series}"
+            );
+        }
+        Metrics(m, text.to_string())
+    }
+    fn get(&self, series: &str) -> f64 {
+        *self
+            .0
+            .get(series)
+            .unwrap_or_else(|| panic!("no series {series} in\n{}", self.1))
+    }
+    fn vol(&self, name: &str, volume: &str, op: &str) -> f64 {
+        self.get(&format!("{name}{{op=\"{op}\",volume=\"{volume}\"}}"))
+    }
+}
+
+/// The protocol's smallest client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies.
+struct Nbd {
+    c: TcpStream,
+    size: u64,
+    cookie: u64,
+}
+
+impl Nbd {
+    fn connect(addr: &str, export: &str) -> std::io::Result<Nbd> {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut hello = [0u8; 18];
+        c.read_exact(&mut hello)?;
+        assert_eq!(
+            u64::from_be_bytes(hello[..8].try_into().unwrap()),
+            proto::NBD_MAGIC
+        );
+        assert_eq!(
+            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
+            proto::IHAVEOPT
+        );
+        let server_flags = u16::from_be_bytes([hello[16], hello[17]]);
+        let mut msg = Vec::new();
+        msg.extend_from_slice(
+            &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes(),
+        );
+        msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+        msg.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
+        msg.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        msg.extend_from_slice(export.as_bytes());
+        c.write_all(&msg)?;
+        let mut info = [0u8; 10];
+        c.read_exact(&mut info)?;
+        if server_flags & proto::FLAG_NO_ZEROES == 0 {
+            let mut zeroes = [0u8; 124];
+            c.read_exact(&mut zeroes)?;
+        }
+        Ok(Nbd {
+            c,
+            size: u64::from_be_bytes(info[..8].try_into().unwrap()),
+            cookie: 0,
+        })
+    }
+
+    fn request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
+        self.cookie += 1;
+        let mut msg = Vec::with_capacity(28 + data.len());
+        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&0u16.to_be_bytes());
+        msg.extend_from_slice(&kind.to_be_bytes());
+        msg.extend_from_slice(&self.cookie.to_be_bytes());
+        msg.extend_from_slice(&offset.to_be_bytes());
+        msg.extend_from_slice(&len.to_be_bytes());
+        msg.extend_from_slice(data);
+        self.c.write_all(&msg).unwrap();
+        let mut reply = [0u8; 16];
+        self.c.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(reply[..4].try_into().unwrap()),
+            proto::SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(
+            u64::from_be_bytes(reply[8..].try_into().unwrap()),
+            self.cookie
+        );
+        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
+        let mut buf = Vec::new();
+        if kind == proto::CMD_READ && error == 0 {
+            buf.resize(len as usize, 0);
+            self.c.read_exact(&mut buf).unwrap();
+        }
+        (error, buf)
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let (e, _) = self.request(proto::CMD_WRITE, offset, data.len() as u32, data);
+        assert_eq!(e, 0, "write at {offset}");
+    }
+    fn read(&mut self, offset: u64, len: u32) -> Vec<u8> {
+        let (e, d) = self.request(proto::CMD_READ, offset, len, &[]);
+        assert_eq!(e, 0, "read at {offset}");
+        d
+    }
+    fn flush(&mut self) {
+        assert_eq!(self.request(proto::CMD_FLUSH, 0, 0, &[]).0, 0);
+    }
+    fn trim(&mut self, offset: u64, len: u32) {
+        assert_eq!(self.request(proto::CMD_TRIM, offset, len, &[]).0, 0);
+    }
+    fn disconnect(mut self) {
+        let _ = self.request_no_reply(proto::CMD_DISC);
+    }
+    fn request_no_reply(&mut self, kind: u16) -> std::io::Result<()> {
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&0u16.to_be_bytes());
+        msg.extend_from_slice(&kind.to_be_bytes());
+        msg.extend_from_slice(&[0u8; 20]);
+        self.c.write_all(&msg)
+    }
+}
+
+/// `len` bytes that do not compress (xorshift), so media bytes follow host bytes.
+fn block(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// `promtool check metrics` on a scrape, where promtool is installed (Debian: prometheus).
+fn promtool_check(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("SKIPPED: promtool is not installed (apt-get install prometheus); the exposition was not linted");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn metrics_move_by_what_a_client_wrote() {
+    let tmp = TempDir::new("metrics");
+    let srv = Server::start(&tmp.0.join("data"), &["--metrics", "127.0.0.1:0"]);
+    let before = srv.metrics();
+    promtool_check(&before.1);
+    let host0 = before.get("flashpool_host_write_bytes_total");
+    assert_eq!(
+        before.get("flashpool_volume_size_bytes{volume=\"default\"}"),
+        (32 << 20) as f64
+    );
+    for st in ["active", "failed", "missing", "retired"] {
+        let want = if st == "active" { 1.0 } else { 0.0 };
+        assert_eq!(
+            before.get(&format!(
+                "flashpool_drive_state{{drive=\"4\",state=\"{st}\"}}"
+            )),
+            want
+        );
+    }
+
+    // A writer: 96 writes of 128 KiB (12 MiB), then a flush, a trim and reads back; the
+    // scraper reads /metrics all the while, and every counter only ever grows.
+    let addr = srv.nbd.clone();
+    const WRITES: u64 = 96;
+    const LEN: usize = 128 << 10;
+    let writer = std::thread::spawn(move || {
+        let mut c = Nbd::connect(&addr, "default").unwrap();
+        assert_eq!(c.size, 32 << 20);
+        for i in 0..WRITES {
+            c.write(i * LEN as u64, &block(i, LEN));
+        }
+        c.flush();
+        c.trim(0, LEN as u32);
+        for i in 1..4 {
+            assert_eq!(
+                c.read(i * LEN as u64, LEN as u32),
+                block(i, LEN),
+                "read back {i}"
+            );
+        }
+        c
+    });
+    // No series for a volume before a client opened it.
+    assert!(!before.1.contains("flashpool_volume_requests_total"));
+    let mut last = 0.0;
+    let mut scrapes = 0;
+    let mut saw_connection = false;
+    while !writer.is_finished() {
+        let m = srv.metrics();
+        if let Some(w) =
+            m.0.get("flashpool_volume_requests_total{op=\"write\",volume=\"default\"}")
+        {
+            assert!(*w >= last, "the write counter went back: {w} < {last}");
+            last = *w;
+            saw_connection |=
+                m.0.get("flashpool_nbd_connections{volume=\"default\"}") == Some(&1.0);
+        }
+        scrapes += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let client = writer.join().unwrap();
+    let during = srv.metrics();
+    assert_eq!(
+        during.get("flashpool_nbd_connections{volume=\"default\"}"),
+        1.0
+    );
+    assert!(scrapes > 0);
+    eprintln!("{scrapes} scrapes while writing; the connection seen open: {saw_connection}");
+
+    let m = &during;
+    let v = |name: &str, op: &str| m.vol(name, "default", op);
+    assert_eq!(v("flashpool_volume_requests_total", "write"), WRITES as f64);
+    assert_eq!(
+        v("flashpool_volume_bytes_total", "write"),
+        (WRITES * LEN as u64) as f64
+    );
+    assert_eq!(v("flashpool_volume_requests_total", "flush"), 1.0);
+    assert_eq!(v("flashpool_volume_requests_total", "trim"), 1.0);
+    assert_eq!(v("flashpool_volume_bytes_total", "trim"), LEN as f64);
+    assert_eq!(v("flashpool_volume_requests_total", "read"), 3.0);
+    assert_eq!(v("flashpool_volume_bytes_total", "read"), (3 * LEN) as f64);
+    assert_eq!(v("flashpool_volume_errors_total", "write"), 0.0);
+    // The latency histogram counted every request, in cumulative buckets.
+    assert_eq!(
+        v("flashpool_volume_request_duration_seconds_count", "write"),
+        WRITES as f64
+    );
+    assert_eq!(
+        m.get("flashpool_volume_request_duration_seconds_bucket{op=\"write\",volume=\"default\",le=\"+Inf\"}"),
+        WRITES as f64
+    );
+    assert!(v("flashpool_volume_request_duration_seconds_sum", "write") > 0.0);
+    // The engine saw the same bytes, and wrote parity for them.
+    assert_eq!(
+        m.get("flashpool_host_write_bytes_total") - host0,
+        (WRITES * LEN as u64) as f64
+    );
+    assert!(m.get("flashpool_media_parity_bytes_total") > 0.0);
+    let wa = m.get("flashpool_write_amplification_ratio{cause=\"all\"}");
+    assert!((1.0..3.0).contains(&wa), "write amplification {wa}");
+    assert!(m.get("flashpool_write_amplification_ratio{cause=\"parity\"}") > 0.2);
+    assert!(m.get("flashpool_used_bytes") > 0.0);
+    assert!(m.get("flashpool_free_bytes") < m.get("flashpool_capacity_now_bytes"));
+    promtool_check(&m.1);
+
+    // Once the client goes, its connection does too.
+    client.disconnect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while srv
+        .metrics()
+        .get("flashpool_nbd_connections{volume=\"default\"}")
+        != 0.0
+    {
+        assert!(Instant::now() < deadline, "the connection gauge stayed up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Other paths: 404 and 405, no panics.
+    let a = srv.metrics.clone().unwrap();
+    assert_eq!(http(&a, "GET", "/nothing", None, "").0, 404);
+    assert_eq!(http(&a, "POST", "/metrics", None, "").0, 405);
+    assert_eq!(
+        http(&a, "GET", "/api/v1/status", None, "").0,
+        404,
+        "no API without a token file"
+    );
+    srv.stop();
+}
+
+const TOKEN: &str = "0123456789abcdef-test-token";
+
+fn token_file(dir: &Path) -> PathBuf {
+    let p = dir.join("api-token");
+    std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+#[test]
+fn admin_api_needs_its_token_and_drives_the_pool() {
+    let tmp = TempDir::new("api");
+    let tok = token_file(&tmp.0);
+    let data = tmp.0.join("data");
+    let srv = Server::start(
+        &data,
+        &["--api", "127.0.0.1:0", "--api-token-file", s(&tok)],
+    );
+    let a = srv.api.clone().unwrap();
+    let call = |method: &str, path: &str, body: &str| http(&a, method, path, Some(TOKEN), body);
+
+    // Refused without the token, or with a wrong one; nothing done.
+    for t in [None, Some("wrong"), Some(&TOKEN[..TOKEN.len() - 1])] {
+        let (code, body) = http(&a, "GET", "/api/v1/status", t, "");
+        assert_eq!(code, 401, "{t:?}: {body}");
+        let (code, _) = http(
+            &a,
+            "POST",
+            "/api/v1/volumes",
+            t,
+            r#"{"name":"sneaky","size":"1M"}"#,
+        );
+        assert_eq!(code, 401);
+    }
+    assert_eq!(
+        http(&a, "GET", "/metrics", None, "").0,
+        404,
+        "metrics live on --metrics"
+    );
+
+    let (code, body) = call("GET", "/api/v1/status", "");
+    assert_eq!(code, 200, "{body}");
+    let st = json(&body);
+    assert_eq!(st["pool"]["drives"], 5);
+    assert_eq!(st["controls"]["cleaner_paused"], false);
+
+    // A volume created over HTTP is served over NBD at once.
+    let (code, body) = call(
+        "POST",
+        "/api/v1/volumes",
+        r#"{"name":"web","size":"8M","compression":"zstd"}"#,
+    );
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(json(&body)["volume"]["size"], 8 << 20);
+    assert_eq!(
+        call("POST", "/api/v1/volumes", r#"{"name":"web","size":"8M"}"#).0,
+        409
+    );
+    assert_eq!(
+        call("POST", "/api/v1/volumes", r#"{"name":"x","size":"8Q"}"#).0,
+        400
+    );
+    assert_eq!(call("POST", "/api/v1/volumes", r#"{"name":"x"}"#).0, 400);
+    assert_eq!(call("POST", "/api/v1/volumes", "not json").0, 400);
+    let mut c = Nbd::connect(&srv.nbd, "web").unwrap();
+    assert_eq!(c.size, 8 << 20);
+    c.write(4096, &block(7, 8192));
+    c.flush();
+    assert_eq!(c.read(4096, 8192), block(7, 8192));
+    c.disconnect();
+    let (code, body) = call("GET", "/api/v1/volumes/web", "");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["allocated_bytes"], 8192);
+
+    // Resize: growing is fine, shrinking below data needs force.
+    assert_eq!(
+        call("PATCH", "/api/v1/volumes/web", r#"{"size":"16M"}"#).0,
+        200
+    );
+    assert_eq!(
+        call("PATCH", "/api/v1/volumes/web", r#"{"size":4096}"#).0,
+        409
+    );
+    assert_eq!(
+        call(
+            "PATCH",
+            "/api/v1/volumes/web",
+            r#"{"size":4096,"force":true}"#
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        call("PATCH", "/api/v1/volumes/web", r#"{"compression":"off"}"#).0,
+        200
+    );
+    let (_, body) = call("GET", "/api/v1/volumes", "");
+    let vols = json(&body);
+    let web = vols["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "web")
+        .unwrap();
+    assert_eq!(
+        (web["size"].as_u64(), web["compression"].as_str()),
+        (Some(4096), Some("off"))
+    );
+
+    // Delete: gone from the API and from NBD.
+    assert_eq!(call("DELETE", "/api/v1/volumes/web", "").0, 200);
+    assert_eq!(call("DELETE", "/api/v1/volumes/web", "").0, 404);
+    assert_eq!(call("GET", "/api/v1/volumes/web", "").0, 404);
+    assert!(
+        Nbd::connect(&srv.nbd, "web").is_err(),
+        "a deleted volume is not served"
+    );
+
+    // Drives: fail one (the automatic rebuild paused first), readmit it.
+    assert_eq!(call("POST", "/api/v1/rebuild/pause", "").0, 200);
+    let (code, body) = call("POST", "/api/v1/drives/2/fail", "");
+    assert_eq!(code, 200, "{body}");
+    let (_, body) = call("GET", "/api/v1/drives", "");
+    let d = json(&body);
+    assert_eq!(d["drives"][2]["state"], "failed", "{d}");
+    assert_eq!(d["rebuild"]["needed"], true);
+    let (_, body) = call("GET", "/api/v1/rebuild", "");
+    assert_eq!(json(&body)["paused"], true);
+    assert_eq!(call("POST", "/api/v1/drives/9/fail", "").0, 404);
+    assert_eq!(call("POST", "/api/v1/drives/2/readmit", "").0, 200);
+    let (_, body) = call("GET", "/api/v1/drives", "");
+    assert_eq!(json(&body)["drives"][2]["state"], "active");
+    assert_eq!(call("POST", "/api/v1/rebuild/resume", "").0, 200);
+    let (_, body) = call("POST", "/api/v1/rebuild/start", "");
+    assert_eq!(json(&body)["ok"], "nothing to rebuild");
+
+    // The cleaner: pause, run by hand, resume.
+    assert_eq!(call("POST", "/api/v1/cleaner/pause", "").0, 200);
+    let (_, body) = call("GET", "/api/v1/cleaner", "");
+    assert_eq!(json(&body)["paused"], true);
+    let (code, body) = call("POST", "/api/v1/cleaner/run", r#"{"free_segments": 1}"#);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(call("POST", "/api/v1/cleaner/resume", "").0, 200);
+    let (code, body) = call("POST", "/api/v1/scrub", r#"{"check_only": true}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(json(&body)["stripes_checked"].as_u64().is_some());
+
+    // Wrong methods and paths: 405 and 404, never a panic.
+    assert_eq!(call("GET", "/api/v1/drives/1/fail", "").0, 405);
+    assert_eq!(call("PUT", "/api/v1/status", "").0, 405);
+    assert_eq!(call("GET", "/api/v1/nothing", "").0, 404);
+    assert_eq!(
+        call("POST", "/api/v1/drives/1/fail", r#"{"forse": true}"#).0,
+        400
+    );
+
+    // The CLI keeps working through the socket, and sees the same state.
+    let out = flashpool(&["status", "--data", s(&data), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = json(&String::from_utf8_lossy(&out.stdout));
+    assert!(st["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|v| v["name"] != "web"));
+    srv.stop();
+}
+
+#[test]
+fn api_flags_are_checked_before_the_data_dir_is_touched() {
+    let tmp = TempDir::new("apiflags");
+    let tok = token_file(&tmp.0);
+    let data = tmp.0.join("data");
+    let short = tmp.0.join("short");
+    std::fs::write(&short, "abc\n").unwrap();
+    for (args, words) in [
+        (vec!["--api", "127.0.0.1:0"], &["--api-token-file"][..]),
+        (
+            vec!["--api-token-file", s(&tok)],
+            &["--api", "--metrics"][..],
+        ),
+        (
+            vec!["--api", "0.0.0.0:0", "--api-token-file", s(&tok)],
+            &["loopback", "--api-allow-remote"][..],
+        ),
+        (vec!["--metrics", "nowhere"], &["--metrics", "PORT"][..]),
+        (
+            vec!["--metrics", "9100", "--api-token-file", s(&short)],
+            &["16 characters"][..],
+        ),
+        (
+            vec!["--metrics", "9100", "--api-token-file", "/no/such/file"],
+            &["cannot read"][..],
+        ),
+    ] {
+        let mut full = vec!["serve", "--data", s(&data), "--listen", "127.0.0.1:0"];
+        full.extend_from_slice(&args);
+        let out = flashpool(&full);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        for w in words {
+            assert!(err.contains(w), "{args:?}: {err} lacks {w:?}");
+        }
+        assert!(!data.exists(), "{args:?} created the data dir");
+    }
+}
+
+#[test]
+fn config_file_settings_flags_and_errors() {
+    let tmp = TempDir::new("config");
+    let cfg = tmp.0.join("flashpool.toml");
+    // Relative paths are taken from the file's directory; --stdio with no client opens
+    // (creates) the pool and closes it.
+    std::fs::write(
+        &cfg,
+        "# a pool for the test\ndata = \"pool\"\ndrive-size = \"64M\"\nvolume-size = \"24M\"\nsparse = true\nec = \"2+1\"\ndrives = 3\nrebuild-reserve = false\n",
+    )
+    .unwrap();
+    let out = flashpool(&["serve", "--config", s(&cfg), "--stdio"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let data = tmp.0.join("pool");
+    let st = flashpool(&["status", "--data", s(&data), "--json"]);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let st = json(&String::from_utf8_lossy(&st.stdout));
+    assert_eq!(
+        (st["pool"]["k"].as_u64(), st["pool"]["m"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(st["pool"]["drives"], 3);
+    assert_eq!(st["volumes"][0]["size"], 24 << 20);
+
+    // A flag wins over the file: another data dir, another volume size.
+    let other = tmp.0.join("other");
+    let out = flashpool(&[
+        "serve",
+        "--config",
+        s(&cfg),
+        "--stdio",
+        "--data",
+        s(&other),
+        "--volume-size",
+        "8M",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = json(&String::from_utf8_lossy(
+        &flashpool(&["status", "--data", s(&other), "--json"]).stdout,
+    ));
+    assert_eq!(st["volumes"][0]["size"], 8 << 20);
+    assert_eq!(st["pool"]["drives"], 3, "the rest still from the file");
+
+    // Errors name the file, the line and what is wrong; nothing is created.
+    let bad_data = tmp.0.join("never");
+    for (n, (text, line, words)) in [
+        (
+            "data = \"never\"\nlisten = \"127.0.0.1:0\"\nlisten-addr = \"x\"\n",
+            3,
+            &["unknown field `listen-addr`", "expected one of"][..],
+        ),
+        (
+            "data = \"never\"\n\n\nbusy-poll-us = -1\n",
+            4,
+            &["busy-poll-us"][..],
+        ),
+        (
+            "data = \"never\"\nscrub-rate-mib = 0\n",
+            2,
+            &["1..=100000"][..],
+        ),
+        (
+            "data = \"never\"\nvolume-size = \"lots\"\n",
+            2,
+            &["size \"lots\""][..],
+        ),
+        (
+            "data = \"never\"\ntls = \"yes\"\n",
+            2,
+            &["off, on, require"][..],
+        ),
+        ("data = \"never\"\nec = \"4-1\"\n", 2, &["4-1"][..]),
+        ("data = \"never\"\nsparse = \"yes\"\n", 2, &["bool"][..]),
+        (
+            "data = \"never\"\nmetrics = \"host:port\"\n",
+            2,
+            &["PORT"][..],
+        ),
+        (
+            "data = \"never\"\ndrive = \"/dev/sdb\"\n",
+            2,
+            &["sequence"][..],
+        ),
+        ("data = \"never\"\n[serve]\n", 2, &["serve"][..]),
+        ("data = \"never\nlisten = 1\n", 1, &[][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f = tmp.0.join(format!("bad-{n}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = flashpool(&["serve", "--config", s(&f), "--stdio"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text:?} was accepted");
+        assert!(
+            err.contains(&format!("{}: line {line}, column ", f.display())),
+            "{text:?}: {err}"
+        );
+        for w in words {
+            assert!(err.contains(w), "{text:?}: {err} lacks {w:?}");
+        }
+        assert!(!bad_data.exists(), "{text:?} created the data dir");
+    }
+    let out = flashpool(&["serve", "--config", "/no/such/flashpool.toml", "--stdio"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    // Settings that only conflict once the file is read.
+    let f = tmp.0.join("conflict.toml");
+    std::fs::write(&f, "data = \"never\"\ndrives = 3\n").unwrap();
+    let out = flashpool(&[
+        "serve",
+        "--config",
+        s(&f),
+        "--stdio",
+        "--drive",
+        "/tmp/x.img",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exclude each other"));
+    assert!(!bad_data.exists());
+}
+
+#[test]
+fn systemd_units_verify() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = root.join("deploy/systemd");
+    let unit = std::fs::read_to_string(dir.join("flashpool.service")).unwrap();
+    let socket = std::fs::read_to_string(dir.join("flashpool.socket")).unwrap();
+    for want in [
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "PrivateTmp=yes",
+        "ReadWritePaths=",
+        "--config /etc/flashpool/flashpool.toml",
+    ] {
+        assert!(unit.contains(want), "flashpool.service lacks {want}");
+    }
+    assert!(socket.contains("ListenStream="));
+    // The example config is a valid config.
+    let example = root.join("deploy/flashpool.toml");
+    let tmp = TempDir::new("systemd");
+    let out = flashpool(&[
+        "serve",
+        "--config",
+        s(&example),
+        "--data",
+        s(&tmp.0.join("d")),
+        "--memory",
+        "--stdio",
+        "--drive-size",
+        "64M",
+        "--volume-size",
+        "32M",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    assert!(
+        out.status.success(),
+        "deploy/flashpool.toml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: systemd-analyze is not installed; the units were not verified");
+        return;
+    }
+    // verify wants the ExecStart binary to exist: point it at the one just built.
+    let bin = env!("CARGO_BIN_EXE_flashpool");
+    std::fs::write(
+        tmp.0.join("flashpool.service"),
+        unit.replace("/usr/bin/flashpool", bin),
+    )
+    .unwrap();
+    std::fs::write(tmp.0.join("flashpool.socket"), &socket).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(tmp.0.join("flashpool.socket"))
+        .arg(tmp.0.join("flashpool.service"))
+        .output()
+        .unwrap();
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    // Only lines about our units count (the host's own units may have complaints of their own).
+    let ours: Vec<&str> = err.lines().filter(|l| l.contains("flashpool")).collect();
+    assert!(
+        out.status.success() && ours.is_empty(),
+        "systemd-analyze verify: {err}"
+    );
+
+    // The hardening set, as systemd scores it (0 best, 10 worst; 1.6 when written).
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(tmp.0.join("flashpool.service"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    match text
+        .lines()
+        .find_map(|l| {
+            l.split("Overall exposure level for flashpool.service: ")
+                .nth(1)
+        })
+        .and_then(|r| r.split_whitespace().next()?.parse::<f64>().ok())
+    {
+        Some(level) => assert!(level <= 2.5, "exposure {level}: {text}"),
+        None => eprintln!("SKIPPED: this systemd-analyze has no offline security report: {text}"),
+    }
+}
