@@ -45,6 +45,8 @@ CHECKS=(
     "ext4-nbdfuse:check-fs.sh"
     "restart-persistence:check-restart.sh"
     "tls:check-tls.sh"
+    "metrics:check-metrics.sh"
+    "http-api:check-http-api.sh"
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"

@@ -35,14 +35,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// The operations counted per volume.
-const OPS: &[&str] = &[
-    "read",
-    "write",
-    "flush",
-    "trim",
-    "write_zeroes",
-    "block_status",
-];
+const OPS: &[&str] = &["read", "write", "flush", "trim", "write_zeroes"];
 
 /// Per-volume front-end metrics (NBD).
 pub struct FrontendMetrics {
@@ -198,7 +191,7 @@ fn natural(labels: &[(String, String)]) -> Vec<(String, u64, String)> {
 #[derive(Clone)]
 struct OpMetrics {
     requests: IntCounter,
-    /// None for operations that move no bytes (flush, block status).
+    /// None for operations that move no bytes (flush).
     bytes: Option<IntCounter>,
     errors: IntCounter,
     latency: Histogram,
@@ -226,7 +219,6 @@ pub struct CountedExport {
     flush: OpMetrics,
     trim: OpMetrics,
     zeroes: OpMetrics,
-    block_status: OpMetrics,
     connections: IntGauge,
 }
 
@@ -296,11 +288,10 @@ impl Export for CountedExport {
     fn fast_zero(&self) -> bool {
         self.inner.fast_zero()
     }
+    /// Not counted: structured reads ask it too (to find holes), so its count would not be
+    /// the clients' NBD_CMD_BLOCK_STATUS requests.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
-        let t = Instant::now();
-        let r = self.inner.block_status(offset, len);
-        self.block_status.record(0, t, &r);
-        r
+        self.inner.block_status(offset, len)
     }
     fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError> {
         self.inner.cache(offset, len)
@@ -330,8 +321,7 @@ impl ExportSet for CountedExports {
         lock(&m.seen).insert(volume.clone());
         let op = |op: &str| OpMetrics {
             requests: m.requests.with_label_values(&[&volume, op]),
-            bytes: (op != "flush" && op != "block_status")
-                .then(|| m.bytes.with_label_values(&[&volume, op])),
+            bytes: (op != "flush").then(|| m.bytes.with_label_values(&[&volume, op])),
             errors: m.errors.with_label_values(&[&volume, op]),
             latency: m.latency.with_label_values(&[&volume, op]),
         };
@@ -344,7 +334,6 @@ impl ExportSet for CountedExports {
             flush: op("flush"),
             trim: op("trim"),
             zeroes: op("write_zeroes"),
-            block_status: op("block_status"),
             connections,
         }))
     }
