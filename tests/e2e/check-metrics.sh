@@ -100,4 +100,26 @@ wa = m1['flashpool_write_amplification_ratio{cause="all"}']
 assert 0 < wa < 5, wa
 print(f"counters moved by what fio did; write amplification {wa:.3f}")
 PY
+
+# The Grafana dashboard's queries: valid PromQL (promtool parses them as recording rules), and
+# every flashpool metric they name is one the server exports (block-device drive counters
+# appear only for block-device members, so those are checked against the source).
+$PY - "$ROOT/deploy/grafana/flashpool.json" "$WORK/m1.txt" "$ROOT/crates/cli/src/ops/metrics.rs" "$WORK/rules.yml" <<'PY'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+scrape = open(sys.argv[2]).read()
+source = open(sys.argv[3]).read()
+exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+for q in exprs:
+    for name in set(re.findall(r"flashpool_[a-z0-9_]+", q)):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in scrape or f'"{name}"' in source or f'"{base}"' in source, f"dashboard names {name}, not exported"
+with open(sys.argv[4], "w") as f:
+    f.write("groups:\n  - name: dashboard\n    rules:\n")
+    for i, q in enumerate(exprs):
+        q = q.replace("$instance", ".*").replace("$volume", ".*")
+        f.write(f"      - record: dashboard:q{i}\n        expr: {json.dumps(q)}\n")
+print(f"dashboard: {len(exprs)} queries name exported metrics")
+PY
+promtool check rules "$WORK/rules.yml"
 stop_server

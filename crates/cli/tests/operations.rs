@@ -468,6 +468,8 @@ fn metrics_move_by_what_a_client_wrote() {
     assert!(m.get("flashpool_free_bytes") < m.get("flashpool_capacity_now_bytes"));
     promtool_check(&m.1);
 
+    dashboard_names_exported(&m.1);
+
     // Once the client goes, its connection does too.
     client.disconnect();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -489,6 +491,38 @@ fn metrics_move_by_what_a_client_wrote() {
         "no API without a token file"
     );
     srv.stop();
+}
+
+/// Every flashpool metric the Grafana dashboard (deploy/grafana/flashpool.json) queries is
+/// in the scrape, or (block-device drive counters, shown only with such members) named in the
+/// metrics source.
+fn dashboard_names_exported(scrape: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dash = std::fs::read_to_string(root.join("../../deploy/grafana/flashpool.json")).unwrap();
+    let source = std::fs::read_to_string(root.join("src/ops/metrics.rs")).unwrap();
+    let v = json(&dash);
+    let mut n = 0;
+    for p in v["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let q = t["expr"].as_str().unwrap();
+            for (i, _) in q.match_indices("flashpool_") {
+                let name: String = q[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                assert!(
+                    scrape.contains(&name) || source.contains(&format!("\"{base}\"")),
+                    "the dashboard queries {name}, which the server does not export"
+                );
+                n += 1;
+            }
+        }
+    }
+    assert!(n > 30, "{n} names in the dashboard");
 }
 
 const TOKEN: &str = "0123456789abcdef-test-token";
