@@ -88,26 +88,81 @@ pub struct Door {
 /// `what` names the flag in errors.
 pub fn spawn(listener: std::net::TcpListener, door: Door, what: &str) -> Result<SocketAddr> {
     let local = listener.local_addr()?;
+    // tiny_http sets no timeouts on its connections; Linux gives accepted sockets the
+    // listener's send timeout, so a client that stops reading an answer is dropped after
+    // IO_TIMEOUT instead of holding a thread for ever. (Not the receive timeout: on the
+    // listener it would time out accept() too.)
+    set_timeout(&listener, libc::SO_SNDTIMEO, IO_TIMEOUT)
+        .with_context(|| format!("{what} {local}: setting socket timeouts"))?;
+    let spare = listener
+        .try_clone()
+        .with_context(|| format!("{what} {local}"))?;
     let server = Server::from_listener(listener, None)
         .map_err(|e| anyhow::anyhow!("{what} {local}: {e}"))?;
-    let server = Arc::new(server);
+    let current = Arc::new(std::sync::RwLock::new(Arc::new(server)));
     let door = Arc::new(door);
+    let spare = Arc::new(spare);
     for n in 0..WORKERS {
-        let (server, door) = (server.clone(), door.clone());
+        let (current, door, spare) = (current.clone(), door.clone(), spare.clone());
         std::thread::Builder::new()
             .name(format!("http-{n}"))
             .spawn(move || loop {
-                match server.recv() {
-                    Ok(req) => handle(&door, req),
+                let server = current.read().unwrap_or_else(|e| e.into_inner()).clone();
+                match server.recv_timeout(std::time::Duration::from_secs(1)) {
+                    Ok(Some(req)) => handle(&door, req),
+                    Ok(None) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "HTTP listener");
-                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        // tiny_http's accept thread stops at the first accept error (out of
+                        // file descriptors, say): start a new server on the same socket, so
+                        // the listener outlives the error.
+                        tracing::warn!(error = %e, "HTTP listener: accepting again");
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                        let mut cur = current.write().unwrap_or_else(|e| e.into_inner());
+                        if Arc::ptr_eq(&cur, &server) {
+                            match spare.try_clone().map_err(|e| e.to_string()).and_then(|l| {
+                                Server::from_listener(l, None).map_err(|e| e.to_string())
+                            }) {
+                                Ok(s) => *cur = Arc::new(s),
+                                Err(e) => tracing::error!(error = %e, "HTTP listener"),
+                            }
+                        }
                     }
                 }
             })
             .context("starting an HTTP thread")?;
     }
     Ok(local)
+}
+
+/// How long a connection may sit in the middle of a request or an answer.
+const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn set_timeout(
+    l: &std::net::TcpListener,
+    opt: libc::c_int,
+    t: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt on a socket we own, with a timeval that lives across the call and
+    // its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn header(name: &str, value: &str) -> Header {
