@@ -3,6 +3,10 @@
 //! the volume's id, which is never reused, so it is stable across restarts and deletes;
 //! NGUID/UUID from the pool and volume ids), served by `flashpool-nvmet` beside NBD through
 //! the same engine calls as the NBD export (export.rs), with the same error mapping by errno.
+//! The namespace tells the target which commands may wait for a drive (`Volume::read_may_wait`,
+//! `write_may_wait`, flushes unless every drive completes at once), so those run on the queue's
+//! worker threads and the rest inline; reads grouped by the target use `Volume::read_many`.
+//! The SMART / Health log's media errors come from the pool's unrecoverable blocks.
 
 use anyhow::{Context, Result};
 use flashpool_engine::{Pool, Volume};
@@ -15,6 +19,7 @@ pub const DEFAULT_PORT: u16 = 4420;
 /// A volume as an NVMe namespace.
 struct VolumeNamespace {
     vol: Volume,
+    pool: Arc<Pool>,
     uuid: [u8; 16],
 }
 
@@ -23,6 +28,10 @@ const LBA: u64 = 4096;
 fn ns_error(e: flashpool_engine::Error) -> NsError {
     match e {
         flashpool_engine::Error::OutOfRange { .. } => NsError::OutOfRange,
+        // Data no parity could recover, or a check that failed: an unrecovered media error.
+        e @ (flashpool_engine::Error::Unavailable(_) | flashpool_engine::Error::Corrupt(_)) => {
+            NsError::Media(e.to_string())
+        }
         e => match e.errno() {
             libc::ENOSPC => NsError::NoSpace,
             libc::EROFS => NsError::ReadOnly,
@@ -43,6 +52,29 @@ impl Namespace for VolumeNamespace {
     }
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), NsError> {
         self.vol.read(lba * LBA, buf).map_err(ns_error)
+    }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), NsError>> {
+        let mut bytes: Vec<(u64, &mut [u8])> = reads
+            .iter_mut()
+            .map(|(lba, buf)| (*lba * LBA, &mut **buf))
+            .collect();
+        self.vol
+            .read_many(&mut bytes)
+            .into_iter()
+            .map(|r| r.map_err(ns_error))
+            .collect()
+    }
+    fn read_may_block(&self, lba: u64, count: u64) -> bool {
+        self.vol.read_may_wait(lba * LBA, count * LBA)
+    }
+    fn write_may_block(&self, _lba: u64, count: u64) -> bool {
+        self.vol.write_may_wait(count * LBA)
+    }
+    fn flush_may_block(&self) -> bool {
+        !self.pool.drives_complete_inline()
+    }
+    fn media_errors(&self) -> u64 {
+        self.pool.stats().unrecoverable_blocks
     }
     fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), NsError> {
         if fua {
@@ -90,7 +122,11 @@ pub fn with_default_port(addr: &str) -> String {
 }
 
 /// Starts the NVMe/TCP target for every volume of `pool` on `listen`.
-pub fn spawn(pool: &Pool, listen: &str, nqn: Option<String>) -> Result<(RunningServer, String)> {
+pub fn spawn(
+    pool: &Arc<Pool>,
+    listen: &str,
+    nqn: Option<String>,
+) -> Result<(RunningServer, String)> {
     let nqn = nqn.unwrap_or_else(|| pool_nqn(pool));
     let sub = Subsystem::new(nqn.clone(), "flashpool");
     for v in pool.volumes() {
@@ -99,7 +135,14 @@ pub fn spawn(pool: &Pool, listen: &str, nqn: Option<String>) -> Result<(RunningS
             *b ^= x;
         }
         let vol = pool.volume(&v.name)?;
-        sub.add_namespace(v.id, Arc::new(VolumeNamespace { vol, uuid }));
+        sub.add_namespace(
+            v.id,
+            Arc::new(VolumeNamespace {
+                vol,
+                pool: pool.clone(),
+                uuid,
+            }),
+        );
     }
     let addr = with_default_port(listen);
     let server = Server::bind(

@@ -1,7 +1,7 @@
 //! Admin commands: Identify (controller, namespace, active namespace list,
 //! namespace identification descriptors), Get/Set Features (number of queues,
 //! keep alive timer, async event configuration, volatile write cache), Get Log
-//! Page (error, SMART/health, firmware slot, changed namespace list,
+//! Page (error, SMART/health with the target's counters, firmware slot, changed namespace list,
 //! discovery), Keep Alive, Asynchronous Event Request and Abort.
 
 use crate::connection::Outcome;
@@ -147,7 +147,8 @@ pub fn identify_controller(ctrl: &Controller) -> Vec<u8> {
     b[258] = 3; // ACL (0's based)
     b[259] = AERL;
     b[260] = 0x03; // FRMW: one slot, slot 1 read-only
-    b[261] = 0x04; // LPA: extended data (offsets) for Get Log Page
+                   // LPA: SMART / Health per namespace, extended data (offsets) for Get Log Page.
+    b[261] = if ctrl.is_discovery() { 0x04 } else { 0x05 };
     b[262] = 0; // ELPE: one error log entry
     put16(&mut b, 266, 343); // WCTEMP (K)
     put16(&mut b, 268, 373); // CCTEMP (K)
@@ -236,11 +237,11 @@ fn get_log_page(ctrl: &Controller, target: &Target, cmd: &Command, local_addr: &
         (LID_DISCOVERY, true) => crate::discovery::log_page(target, local_addr),
         (LID_ERROR, _) => vec![0u8; 64],
         (LID_SMART, false) => {
-            let mut b = vec![0u8; 512];
-            b[3] = 100; // available spare %
-            b[4] = 10; // spare threshold
-            put16(&mut b, 1, 300); // composite temperature, K
-            b
+            // Per namespace (LPA bit 0) or, for NSID 0 / 0xFFFFFFFF, the subsystem's.
+            match ctrl.subsystem().and_then(|s| s.health(cmd.nsid())) {
+                Some(h) => crate::health::smart_log(&h),
+                None => return Outcome::status(Status::INVALID_NS),
+            }
         }
         (LID_FW_SLOT, false) => {
             let mut b = vec![0u8; 512];

@@ -1,19 +1,47 @@
 //! One NVMe/TCP queue: one TCP connection carrying either an admin queue or an
-//! I/O queue. Reads PDUs (ICReq first, then command capsules, H2CData and
-//! H2CTermReq), checks their framing and digests, pulls write data with R2T
-//! when it is not in the capsule, dispatches commands to [`crate::fabrics`],
-//! [`crate::admin`] and [`crate::io`], and sends C2HData and response
-//! capsules. A framing error or a header digest error sends a C2HTermReq and
-//! closes the connection; a data digest error fails that command with a
-//! Transient Transport Error. Commands run in arrival order on this thread,
-//! but any number may be in flight: writes waiting for their H2CData complete
-//! after commands that arrived later (out-of-order completion).
+//! I/O queue.
+//!
+//! The connection's own thread (the reader) reads PDUs (ICReq first, then
+//! command capsules, H2CData and H2CTermReq) through a read buffer, so one
+//! `read` takes every PDU the host has sent so far; it checks their framing and
+//! digests, pulls write data with R2T when it is not in the capsule, and
+//! dispatches commands to [`crate::fabrics`], [`crate::admin`] and
+//! [`crate::io`]:
+//!
+//! - Fabrics and admin commands, and I/O commands that cannot wait for a device
+//!   (the namespace says so: [`crate::Namespace::read_may_block`],
+//!   `write_may_block`, `flush_may_block`), run inline on the reader; their
+//!   responses are collected and leave together when no complete PDU is left in
+//!   the read buffer (before the reader waits for the host).
+//! - I/O commands that may wait for a device run on the queue's worker threads
+//!   (started on demand, at most [`WORKERS_PER_QUEUE`]), so the reader keeps
+//!   parsing capsules while they run, and a slow command does not hold up the
+//!   ones behind it. Reads of one namespace queued while every worker is busy
+//!   run together as one [`crate::Namespace::read_many`] (their device reads in
+//!   flight at once). Each job's C2HData and CapsuleResp go out as soon as it
+//!   finishes: completions are out of order.
+//!
+//! Responses share the socket by flat combining: whoever has responses queues
+//! them and, if nobody is writing, writes every queued response in one
+//! `writev`; if another thread is writing, that one takes them too.
+//!
+//! Bounds: commands on workers at most the queue's size (SQSIZE + 1 from
+//! Connect; the reader waits for a worker beyond it) and [`MAX_JOB_BYTES`] of
+//! their data; R2T write buffers [`MAX_R2T_BYTES`] (writes beyond it wait for
+//! their R2T) and [`QUEUE_SIZE`] commands waiting for data; responses not yet
+//! written [`MAX_UNSENT_BYTES`] (the reader stops taking commands beyond it, so
+//! a host that does not read cannot make the target buffer without bound).
+//!
+//! A framing error or a header digest error sends a C2HTermReq and closes the
+//! connection; a data digest error fails that command with a Transient
+//! Transport Error.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::thread::Scope;
 use std::time::Duration;
 
 use crate::controller::{
@@ -21,6 +49,7 @@ use crate::controller::{
 };
 use crate::digest;
 use crate::fabrics::OPC_FABRICS;
+use crate::io::Prepared;
 use crate::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
 use crate::status::Status;
 
@@ -30,6 +59,31 @@ pub const MAX_R2T_BYTES: usize = 8 << 20;
 
 /// How often a blocked read wakes to check keep-alive and shutdown.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Worker threads per queue for commands that may wait for a device.
+pub const WORKERS_PER_QUEUE: usize = 4;
+
+/// Most bytes of command data (write payloads, read buffers) held by the
+/// commands queued for or running on one queue's workers.
+pub const MAX_JOB_BYTES: usize = 16 << 20;
+
+/// Most bytes of responses waiting for the socket before the reader stops
+/// taking new commands.
+pub const MAX_UNSENT_BYTES: usize = 8 << 20;
+
+/// Most reads handed to a worker as one group (one `read_many`); reads are
+/// grouped only while every worker is busy.
+const READ_GROUP: usize = 8;
+
+/// Size of the read buffer; data of this size or more (half of it) is read
+/// straight into its destination.
+const READ_BUFFER: usize = 128 << 10;
+
+/// Inline responses collected before they are sent anyway.
+const BATCH_BYTES: usize = 256 << 10;
+
+/// Most buffers handed to one `writev`.
+const MAX_IOV: usize = 512;
 
 /// What a command handler decided.
 #[derive(Debug)]
@@ -80,7 +134,6 @@ pub struct QueueState {
     pub qid: u16,
     /// SQSIZE from Connect (0's based).
     pub sqsize: u16,
-    sq_head: u16,
 }
 
 /// A write waiting for its data (R2T sent).
@@ -104,41 +157,6 @@ pub enum End {
     Io(io::Error),
 }
 
-/// Serve one connection until it ends. Never panics on any input.
-pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) -> End {
-    let mut c = Connection::new(stream, target, shutdown);
-    let end = c.run();
-    if let Some(ctrl) = &c.q.ctrl {
-        if c.q.qid == 0 {
-            // The admin queue is gone: the controller (and its I/O queues) go too.
-            c.target.remove_controller(ctrl.cntlid);
-        } else {
-            ctrl.regs().io_qids.remove(&c.q.qid);
-        }
-    }
-    tracing::debug!(qid = c.q.qid, ?end, "connection closed");
-    end
-}
-
-struct Connection {
-    stream: TcpStream,
-    target: Arc<Target>,
-    shutdown: Arc<AtomicBool>,
-    q: QueueState,
-    hdgst: bool,
-    ddgst: bool,
-    local_addr: String,
-    pending: HashMap<u16, Pending>,
-    /// Bytes of the pending buffers.
-    pending_bytes: usize,
-    /// Writes whose R2T waits for buffer room (MAX_R2T_BYTES).
-    waiting: VecDeque<Command>,
-    /// CIDs of commands held without completion (AERs).
-    held: HashSet<u16>,
-    next_ttag: u16,
-    out: Vec<u8>,
-}
-
 enum Fatal {
     Term(u16, u32, Vec<u8>),
     End(End),
@@ -156,34 +174,428 @@ impl From<io::Error> for Fatal {
     }
 }
 
-impl Connection {
-    fn new(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) -> Connection {
-        let local_addr = stream
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        Connection {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Work for a worker thread.
+enum Job {
+    One(Prepared, Vec<u8>),
+    /// Reads of one namespace, run as one `read_many`.
+    Reads(Vec<Prepared>),
+}
+
+impl Job {
+    fn commands(&self) -> usize {
+        match self {
+            Job::One(..) => 1,
+            Job::Reads(v) => v.len(),
+        }
+    }
+    /// Data bytes it holds while queued or running.
+    fn bytes(&self) -> usize {
+        match self {
+            Job::One(p, d) => d.len().max(p.xfer_len as usize),
+            Job::Reads(v) => v.iter().map(|p| p.xfer_len as usize).sum(),
+        }
+    }
+    fn cids(&self) -> Vec<u16> {
+        match self {
+            Job::One(p, _) => vec![p.cmd.cid()],
+            Job::Reads(v) => v.iter().map(|p| p.cmd.cid()).collect(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Work {
+    jobs: VecDeque<Job>,
+    /// Commands queued or running.
+    outstanding: usize,
+    /// Their data bytes.
+    bytes: usize,
+    /// Their CIDs (a new command with one of them is a CID conflict).
+    cids: HashSet<u16>,
+    threads: usize,
+    idle: usize,
+    closed: bool,
+    /// The reader waits for a job to finish.
+    reader_waits: bool,
+}
+
+/// Responses waiting for the socket.
+#[derive(Default)]
+struct Unsent {
+    bufs: Vec<Vec<u8>>,
+    /// Bytes queued here or being written.
+    bytes: usize,
+    /// The reader waits for `bytes` to drop.
+    reader_waits: bool,
+}
+
+struct WriteSide {
+    w: TcpStream,
+    /// Reused batch vector.
+    spare: Vec<Vec<u8>>,
+}
+
+/// What the reader shares with the workers.
+struct Shared {
+    writer: Mutex<WriteSide>,
+    unsent: Mutex<Unsent>,
+    /// `unsent.bytes` dropped.
+    sent: Condvar,
+    failed: AtomicBool,
+    hdgst: AtomicBool,
+    ddgst: AtomicBool,
+    sq_head: AtomicU16,
+    qid: AtomicU16,
+    /// Bytes queued in `unsent` (a lock-free look for the reader).
+    unsent_bytes: AtomicUsize,
+    work: Mutex<Work>,
+    /// A job was queued, or the queue closed.
+    work_cv: Condvar,
+    /// A job finished.
+    done_cv: Condvar,
+}
+
+/// Serve one connection until it ends. Never panics on any input.
+pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) -> End {
+    let _ = stream.set_nodelay(true);
+    if let Err(e) = stream.set_read_timeout(Some(POLL_INTERVAL)) {
+        return End::Io(e);
+    }
+    let w = match stream.try_clone() {
+        Ok(w) => w,
+        Err(e) => return End::Io(e),
+    };
+    let local_addr = stream
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let shared = Shared {
+        writer: Mutex::new(WriteSide {
+            w,
+            spare: Vec::new(),
+        }),
+        unsent: Mutex::new(Unsent::default()),
+        sent: Condvar::new(),
+        failed: AtomicBool::new(false),
+        hdgst: AtomicBool::new(false),
+        ddgst: AtomicBool::new(false),
+        sq_head: AtomicU16::new(0),
+        qid: AtomicU16::new(0),
+        unsent_bytes: AtomicUsize::new(0),
+        work: Mutex::new(Work::default()),
+        work_cv: Condvar::new(),
+        done_cv: Condvar::new(),
+    };
+    let (end, q) = std::thread::scope(|scope| {
+        let mut r = Reader {
+            scope,
+            sh: &shared,
             stream,
-            target,
+            target: target.clone(),
             shutdown,
+            local_addr,
             q: QueueState::default(),
+            sq_head: 0,
             hdgst: false,
             ddgst: false,
-            local_addr,
+            inb: InBuf::new(READ_BUFFER),
+            batch: Vec::new(),
+            batch_bytes: 0,
+            group: Vec::new(),
             pending: HashMap::new(),
             pending_bytes: 0,
             waiting: VecDeque::new(),
             held: HashSet::new(),
             next_ttag: 0,
-            out: Vec::with_capacity(64 * 1024),
+        };
+        let end = r.run();
+        r.finish(&end);
+        (end, std::mem::take(&mut r.q))
+        // The scope joins the workers: they have drained the queue.
+    });
+    if let Some(ctrl) = &q.ctrl {
+        if q.qid == 0 {
+            // The admin queue is gone: the controller (and its I/O queues) go too.
+            target.remove_controller(ctrl.cntlid);
+        } else {
+            ctrl.regs().io_qids.remove(&q.qid);
+        }
+    }
+    tracing::debug!(qid = q.qid, ?end, "connection closed");
+    end
+}
+
+/// The read buffer: bytes `start..end` of `buf` are unparsed.
+struct InBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl InBuf {
+    fn new(cap: usize) -> InBuf {
+        InBuf {
+            buf: vec![0; cap],
+            start: 0,
+            end: 0,
+        }
+    }
+    fn avail(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+    }
+}
+
+/// Write whole buffers with as few `writev` calls as possible.
+fn write_bufs(w: &mut TcpStream, bufs: &[Vec<u8>]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len().min(MAX_IOV));
+    for group in bufs.chunks(MAX_IOV) {
+        slices.clear();
+        slices.extend(group.iter().map(|b| IoSlice::new(b)));
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            match w.write_vectored(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Append the response PDUs of `cmd` to `out`: C2HData with its data (a
+/// successful command that returns data), then the CapsuleResp.
+#[allow(clippy::too_many_arguments)]
+fn encode_response(
+    out: &mut Vec<Vec<u8>>,
+    cmd: &Command,
+    status: Status,
+    result: u64,
+    mut data: Vec<u8>,
+    sq_head: u16,
+    sq_id: u16,
+    hdgst: bool,
+    ddgst: bool,
+) {
+    let mut tail = Vec::with_capacity(4 + pdu::RESP_HLEN + 4);
+    let (_, sgl_len, _) = cmd.sgl();
+    if status.is_success() && !data.is_empty() && cmd.direction() == 2 {
+        let n = data.len().min(sgl_len as usize);
+        if n > 0 {
+            data.truncate(n);
+            out.push(pdu::data_header(
+                pdu::C2H_DATA,
+                cmd.cid(),
+                0,
+                0,
+                n as u32,
+                true,
+                hdgst,
+                ddgst,
+            ));
+            if ddgst {
+                tail.extend_from_slice(&digest::digest_bytes(&data));
+            }
+            out.push(data);
+        }
+    }
+    let cqe = Completion {
+        result,
+        sq_head,
+        sq_id,
+        cid: cmd.cid(),
+        status: status.to_field(),
+    };
+    tail.extend_from_slice(&pdu::capsule_resp(&cqe, hdgst));
+    out.push(tail);
+}
+
+impl Shared {
+    /// Queue responses (emptying `bufs`) and write out the queue if nobody
+    /// else is writing. False once the connection has failed.
+    fn send(&self, bufs: &mut Vec<Vec<u8>>) -> bool {
+        if bufs.is_empty() {
+            return !self.failed.load(Ordering::SeqCst);
+        }
+        if self.failed.load(Ordering::SeqCst) {
+            bufs.clear();
+            return false;
+        }
+        {
+            let n: usize = bufs.iter().map(|b| b.len()).sum();
+            let mut u = lock(&self.unsent);
+            u.bytes += n;
+            self.unsent_bytes.store(u.bytes, Ordering::Relaxed);
+            u.bufs.append(bufs);
+        }
+        loop {
+            let mut guard = match self.writer.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::WouldBlock) => return true, // the writer takes ours too
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            };
+            let ws = &mut *guard;
+            loop {
+                std::mem::swap(&mut lock(&self.unsent).bufs, &mut ws.spare);
+                if ws.spare.is_empty() {
+                    break;
+                }
+                let n: usize = ws.spare.iter().map(|b| b.len()).sum();
+                let r = write_bufs(&mut ws.w, &ws.spare);
+                ws.spare.clear();
+                if let Err(e) = &r {
+                    tracing::debug!("response write failed, closing: {e}");
+                    self.failed.store(true, Ordering::SeqCst);
+                    let _ = ws.w.shutdown(Shutdown::Both);
+                }
+                let wake = {
+                    let mut u = lock(&self.unsent);
+                    u.bytes -= n;
+                    if r.is_err() {
+                        u.bytes -= u.bufs.iter().map(|b| b.len()).sum::<usize>();
+                        u.bufs.clear();
+                    }
+                    self.unsent_bytes.store(u.bytes, Ordering::Relaxed);
+                    u.reader_waits
+                };
+                if wake {
+                    self.sent.notify_all();
+                }
+                if r.is_err() {
+                    return false;
+                }
+            }
+            drop(guard);
+            // Responses queued while we held the socket but after our last
+            // look would otherwise be stranded: look again.
+            if lock(&self.unsent).bufs.is_empty() || self.failed.load(Ordering::SeqCst) {
+                return !self.failed.load(Ordering::SeqCst);
+            }
         }
     }
 
-    fn run(&mut self) -> End {
-        let _ = self.stream.set_nodelay(true);
-        if let Err(e) = self.stream.set_read_timeout(Some(POLL_INTERVAL)) {
-            return End::Io(e);
+    fn worker(&self) {
+        loop {
+            let job = {
+                let mut w = lock(&self.work);
+                loop {
+                    if let Some(j) = w.jobs.pop_front() {
+                        break j;
+                    }
+                    if w.closed {
+                        return;
+                    }
+                    w.idle += 1;
+                    w = self.work_cv.wait(w).unwrap_or_else(|e| e.into_inner());
+                    w.idle -= 1;
+                }
+            };
+            self.run_job(job);
         }
+    }
+
+    fn run_job(&self, job: Job) {
+        let (n, bytes, cids) = (job.commands(), job.bytes(), job.cids());
+        let done: Vec<(Command, Outcome)> = match job {
+            Job::One(p, data) => {
+                let out = crate::io::run(&p, &data);
+                vec![(p.cmd, out)]
+            }
+            Job::Reads(ps) => {
+                let outs = crate::io::run_reads(&ps);
+                ps.iter().map(|p| p.cmd).zip(outs).collect()
+            }
+        };
+        let (hdgst, ddgst) = (
+            self.hdgst.load(Ordering::Relaxed),
+            self.ddgst.load(Ordering::Relaxed),
+        );
+        let (sq_head, qid) = (
+            self.sq_head.load(Ordering::Relaxed),
+            self.qid.load(Ordering::Relaxed),
+        );
+        let mut out = Vec::with_capacity(3 * done.len());
+        for (cmd, o) in done {
+            let (status, result, data) = match o {
+                Outcome::Done {
+                    status,
+                    result,
+                    data,
+                } => (status, result, data),
+                // I/O commands neither hold nor disconnect.
+                Outcome::Hold | Outcome::Disconnect => (Status::INTERNAL_ERROR, 0, Vec::new()),
+            };
+            encode_response(
+                &mut out, &cmd, status, result, data, sq_head, qid, hdgst, ddgst,
+            );
+        }
+        // Released before the completions can reach the host: it may reuse a
+        // CID or send its next command at once.
+        let wake = {
+            let mut w = lock(&self.work);
+            w.outstanding -= n;
+            w.bytes -= bytes;
+            for c in cids {
+                w.cids.remove(&c);
+            }
+            w.reader_waits
+        };
+        if wake {
+            self.done_cv.notify_all();
+        }
+        self.send(&mut out);
+    }
+}
+
+/// The reader: the connection's own thread.
+struct Reader<'s, 'e> {
+    scope: &'s Scope<'s, 'e>,
+    sh: &'s Shared,
+    stream: TcpStream,
+    target: Arc<Target>,
+    shutdown: Arc<AtomicBool>,
+    local_addr: String,
+    q: QueueState,
+    sq_head: u16,
+    hdgst: bool,
+    ddgst: bool,
+    inb: InBuf,
+    /// Responses of inline commands (and R2Ts) not yet handed to the socket.
+    batch: Vec<Vec<u8>>,
+    batch_bytes: usize,
+    /// Reads gathered for one worker job.
+    group: Vec<Prepared>,
+    pending: HashMap<u16, Pending>,
+    /// Bytes of the pending buffers.
+    pending_bytes: usize,
+    /// Writes whose R2T waits for buffer room (MAX_R2T_BYTES).
+    waiting: VecDeque<Command>,
+    /// CIDs of commands held without completion (AERs).
+    held: HashSet<u16>,
+    next_ttag: u16,
+}
+
+impl<'s, 'e> Reader<'s, 'e> {
+    fn run(&mut self) -> End {
         let r = self.handshake().and_then(|()| loop {
             self.next_pdu()?;
         });
@@ -192,11 +604,30 @@ impl Connection {
             Err(Fatal::End(e)) => e,
             Err(Fatal::Term(fes, fei, hdr)) => {
                 tracing::warn!(fes, fei, "fatal transport error: sending C2HTermReq");
-                let _ = self.stream.write_all(&pdu::c2h_term_req(fes, fei, &hdr));
-                let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                self.batch.push(pdu::c2h_term_req(fes, fei, &hdr));
+                self.sh.send(&mut self.batch);
+                // Nothing after the termination request.
+                self.sh.failed.store(true, Ordering::SeqCst);
                 End::Terminated(fes)
             }
         }
+    }
+
+    /// After the connection ended: send what is left, let the workers finish
+    /// (unless the connection is being torn down: then the socket is shut so
+    /// none of them can block on it), and close the job queue.
+    fn finish(&mut self, end: &End) {
+        if matches!(end, End::Closed) {
+            self.hand_off_group_quiet();
+            self.sh.send(&mut self.batch);
+            if self.wait_idle().is_err() {
+                let _ = self.stream.shutdown(Shutdown::Both);
+            }
+        } else {
+            let _ = self.stream.shutdown(Shutdown::Both);
+        }
+        lock(&self.sh.work).closed = true;
+        self.sh.work_cv.notify_all();
     }
 
     /// Whether to keep waiting for input.
@@ -210,12 +641,61 @@ impl Connection {
         }
     }
 
-    fn read_full(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.stream.read(&mut buf[done..]) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => done += n,
+    fn check_alive(&self) -> Result<(), Fatal> {
+        if self.sh.failed.load(Ordering::SeqCst) {
+            return Err(Fatal::End(End::Closed));
+        }
+        if !self.alive() {
+            return Err(Fatal::End(End::TimedOut));
+        }
+        Ok(())
+    }
+
+    /// Before waiting for the host: start the reads gathered and send the
+    /// responses collected.
+    fn flush_out(&mut self) -> Result<(), Fatal> {
+        if !self.group.is_empty() {
+            let g = std::mem::take(&mut self.group);
+            self.hand_off(Job::Reads(g))?;
+        }
+        self.send_batch()
+    }
+
+    fn send_batch(&mut self) -> Result<(), Fatal> {
+        self.batch_bytes = 0;
+        if !self.sh.send(&mut self.batch) {
+            return Err(Fatal::End(End::Closed));
+        }
+        if self.sh.unsent_bytes.load(Ordering::Relaxed) > MAX_UNSENT_BYTES {
+            // The host does not read its responses: take no more commands
+            // until it does.
+            let mut u = lock(&self.sh.unsent);
+            while u.bytes > MAX_UNSENT_BYTES && !self.sh.failed.load(Ordering::SeqCst) {
+                u.reader_waits = true;
+                u = self
+                    .sh
+                    .sent
+                    .wait_timeout(u, POLL_INTERVAL)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                u.reader_waits = false;
+                if !self.alive() {
+                    return Err(Fatal::End(End::TimedOut));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One `read` from the socket into `into` (waking every POLL_INTERVAL to
+    /// check keep-alive and shutdown, and deliver asynchronous events); sends
+    /// what is collected first.
+    fn recv(&mut self, into: &mut [u8]) -> Result<usize, Fatal> {
+        self.flush_out()?;
+        loop {
+            match self.stream.read(into) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => return Ok(n),
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -223,23 +703,60 @@ impl Connection {
                     ) =>
                 {
                     self.deliver_events()?;
-                    if !self.alive() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "keep-alive expired or shutdown",
-                        ));
-                    }
+                    self.check_alive()?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Read more into the read buffer.
+    fn fill(&mut self) -> Result<(), Fatal> {
+        self.inb.compact();
+        let end = self.inb.end;
+        if end == self.inb.buf.len() {
+            // Cannot happen: callers ask for at most a PDU header.
+            return Err(Fatal::End(End::Io(io::Error::other("read buffer full"))));
+        }
+        let mut buf = std::mem::take(&mut self.inb.buf);
+        let r = self.recv(&mut buf[end..]);
+        self.inb.buf = buf;
+        self.inb.end += r?;
+        Ok(())
+    }
+
+    /// At least `n` (at most a PDU header) bytes in the read buffer.
+    fn ensure(&mut self, n: usize) -> Result<(), Fatal> {
+        while self.inb.avail().len() < n {
+            self.fill()?;
+        }
+        Ok(())
+    }
+
+    /// Fill `dest` from the read buffer and the socket.
+    fn read_into(&mut self, dest: &mut [u8]) -> Result<(), Fatal> {
+        let mut done = 0;
+        while done < dest.len() {
+            let avail = self.inb.avail();
+            if !avail.is_empty() {
+                let n = avail.len().min(dest.len() - done);
+                dest[done..done + n].copy_from_slice(&avail[..n]);
+                self.inb.consume(n);
+                done += n;
+            } else if dest.len() - done >= READ_BUFFER / 2 {
+                done += self.recv(&mut dest[done..])?;
+            } else {
+                self.fill()?;
             }
         }
         Ok(())
     }
 
     fn handshake(&mut self) -> Result<(), Fatal> {
+        self.ensure(8)?;
         let mut h = [0u8; 8];
-        self.read_full(&mut h)?;
+        h.copy_from_slice(&self.inb.avail()[..8]);
         let ch = CommonHeader::parse(&h);
         if ch.pdu_type != pdu::ICREQ {
             return Err(Fatal::Term(pdu::FES_PDU_SEQ_ERR, 0, h.to_vec()));
@@ -250,9 +767,9 @@ impl Connection {
         if ch.plen as usize != pdu::ICREQ_LEN {
             return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 4, h.to_vec()));
         }
-        let mut b = vec![0u8; pdu::ICREQ_LEN];
-        b[..8].copy_from_slice(&h);
-        self.read_full(&mut b[8..])?;
+        self.ensure(pdu::ICREQ_LEN)?;
+        let b = self.inb.avail()[..pdu::ICREQ_LEN].to_vec();
+        self.inb.consume(pdu::ICREQ_LEN);
         let req = IcReq::parse(&b);
         if req.pfv != 0 {
             return Err(Fatal::Term(pdu::FES_UNSUPPORTED_PARAM, 8, b));
@@ -262,15 +779,17 @@ impl Connection {
         }
         self.hdgst = req.hdgst;
         self.ddgst = req.ddgst;
+        self.sh.hdgst.store(req.hdgst, Ordering::Relaxed);
+        self.sh.ddgst.store(req.ddgst, Ordering::Relaxed);
         tracing::info!(hdgst = req.hdgst, ddgst = req.ddgst, "ICReq");
-        self.stream
-            .write_all(&pdu::icresp(req.hdgst, req.ddgst, MAX_H2C_DATA))?;
-        Ok(())
+        self.batch
+            .push(pdu::icresp(req.hdgst, req.ddgst, MAX_H2C_DATA));
+        self.send_batch()
     }
 
     /// On the admin queue: complete a held Asynchronous Event Request with a
     /// pending event (a namespace was added or removed).
-    fn deliver_events(&mut self) -> io::Result<()> {
+    fn deliver_events(&mut self) -> Result<(), Fatal> {
         if self.q.qid != 0 || self.held.is_empty() {
             return Ok(());
         }
@@ -290,18 +809,20 @@ impl Connection {
         }
         let cqe = Completion {
             result,
-            sq_head: self.q.sq_head,
+            sq_head: self.sq_head,
             sq_id: 0,
             cid,
             status: Status::SUCCESS.to_field(),
         };
-        self.stream.write_all(&pdu::capsule_resp(&cqe, self.hdgst))
+        self.batch.push(pdu::capsule_resp(&cqe, self.hdgst));
+        self.send_batch()
     }
 
     fn next_pdu(&mut self) -> Result<(), Fatal> {
         self.deliver_events()?;
+        self.ensure(8)?;
         let mut h = [0u8; 8];
-        self.read_full(&mut h)?;
+        h.copy_from_slice(&self.inb.avail()[..8]);
         let ch = CommonHeader::parse(&h);
         let Some(hlen) =
             CommonHeader::expected_hlen(ch.pdu_type).filter(|_| ch.pdu_type != pdu::ICREQ)
@@ -348,29 +869,43 @@ impl Connection {
         if ch.pdu_type == pdu::H2C_DATA && data_len == 0 {
             return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 4, h.to_vec()));
         }
-        let mut hdr = vec![0u8; hlen + hd + pad];
-        hdr[..8].copy_from_slice(&h);
-        self.read_full(&mut hdr[8..])?;
-        if self.hdgst && !digest::verify(&hdr[..hlen], &hdr[hlen..hlen + 4]) {
+        // The header, its digest and the padding (at most 128 + 4 + 255 bytes).
+        let total = hlen + hd + pad;
+        self.ensure(total)?;
+        let mut hdr = [0u8; pdu::ICREQ_LEN];
+        hdr[..hlen].copy_from_slice(&self.inb.avail()[..hlen]);
+        let digest_ok =
+            !self.hdgst || digest::verify(&hdr[..hlen], &self.inb.avail()[hlen..hlen + hd]);
+        self.inb.consume(total);
+        if !digest_ok {
             return Err(Fatal::Term(
                 pdu::FES_HDR_DIGEST_ERR,
                 0,
                 hdr[..hlen].to_vec(),
             ));
         }
-        hdr.truncate(hlen);
-        let mut data = vec![0u8; data_len + dd];
-        self.read_full(&mut data)?;
-        let digest_ok = dd == 0 || digest::verify(&data[..data_len], &data[data_len..]);
-        data.truncate(data_len);
+        let hdr = &hdr[..hlen];
         if let Some(c) = &self.q.ctrl {
             c.touch();
         }
         if ch.pdu_type == pdu::CAPSULE_CMD {
-            self.capsule(&hdr, data, digest_ok)
+            let mut data = vec![0u8; data_len];
+            self.read_into(&mut data)?;
+            let digest_ok = self.data_digest_ok(&data, dd)?;
+            self.capsule(hdr, data, digest_ok)
         } else {
-            self.h2c_data(&hdr, ch.flags, &data, digest_ok)
+            self.h2c_data(hdr, ch.flags, data_len, dd)
         }
+    }
+
+    /// Read the data digest (`dd` bytes, 0 or 4) of `data` and check it.
+    fn data_digest_ok(&mut self, data: &[u8], dd: usize) -> Result<bool, Fatal> {
+        if dd == 0 {
+            return Ok(true);
+        }
+        let mut d = [0u8; 4];
+        self.read_into(&mut d)?;
+        Ok(digest::verify(data, &d))
     }
 
     fn capsule(&mut self, hdr: &[u8], data: Vec<u8>, digest_ok: bool) -> Result<(), Fatal> {
@@ -378,25 +913,20 @@ impl Connection {
         c.copy_from_slice(&hdr[8..72]);
         let cmd = Command(c);
         let entries = self.q.sqsize as u32 + 1;
-        self.q.sq_head = ((self.q.sq_head as u32 + 1) % entries.max(1)) as u16;
-        if self.held.contains(&cmd.cid())
-            || self.pending.values().any(|p| p.cmd.cid() == cmd.cid())
-            || self.waiting.iter().any(|w| w.cid() == cmd.cid())
+        self.sq_head = ((self.sq_head as u32 + 1) % entries) as u16;
+        self.sh.sq_head.store(self.sq_head, Ordering::Relaxed);
+        let cid = cmd.cid();
+        if self.held.contains(&cid)
+            || self.pending.values().any(|p| p.cmd.cid() == cid)
+            || self.waiting.iter().any(|w| w.cid() == cid)
+            || self.group.iter().any(|p| p.cmd.cid() == cid)
+            || lock(&self.sh.work).cids.contains(&cid)
         {
             // The CID of a command still outstanding: answer without touching it.
-            let cqe = Completion {
-                result: 0,
-                sq_head: self.q.sq_head,
-                sq_id: self.q.qid,
-                cid: cmd.cid(),
-                status: Status::CID_CONFLICT.to_field(),
-            };
-            self.stream
-                .write_all(&pdu::capsule_resp(&cqe, self.hdgst))?;
-            return Ok(());
+            return self.respond(&cmd, Status::CID_CONFLICT, 0, Vec::new());
         }
         if !digest_ok {
-            tracing::warn!(cid = cmd.cid(), "data digest error in a command capsule");
+            tracing::warn!(cid, "data digest error in a command capsule");
             return self.complete(&cmd, Outcome::status(Status::TRANSIENT_TRANSPORT));
         }
         let (addr, sgl_len, sgl_id) = cmd.sgl();
@@ -434,8 +964,7 @@ impl Connection {
             }
             return self.start_r2t(cmd);
         }
-        let out = self.dispatch(&cmd, &data, sgl_len);
-        self.complete(&cmd, out)
+        self.execute(cmd, data, sgl_len)
     }
 
     /// Allocate the write buffer of `cmd` and ask for its data.
@@ -452,8 +981,8 @@ impl Connection {
             },
         );
         self.pending_bytes += len as usize;
-        self.stream
-            .write_all(&pdu::r2t(cmd.cid(), ttag, 0, len, self.hdgst))?;
+        self.batch
+            .push(pdu::r2t(cmd.cid(), ttag, 0, len, self.hdgst));
         Ok(())
     }
 
@@ -465,7 +994,9 @@ impl Connection {
             {
                 break;
             }
-            let cmd = self.waiting.pop_front().expect("front exists");
+            let Some(cmd) = self.waiting.pop_front() else {
+                break;
+            };
             self.start_r2t(cmd)?;
         }
         Ok(())
@@ -493,21 +1024,15 @@ impl Connection {
         }
     }
 
-    fn h2c_data(
-        &mut self,
-        hdr: &[u8],
-        flags: u8,
-        data: &[u8],
-        digest_ok: bool,
-    ) -> Result<(), Fatal> {
+    fn h2c_data(&mut self, hdr: &[u8], flags: u8, data_len: usize, dd: usize) -> Result<(), Fatal> {
         let cid = le16(hdr, 8);
         let ttag = le16(hdr, 10);
         let datao = le32(hdr, 12) as usize;
         let datal = le32(hdr, 16) as usize;
-        if datal != data.len() {
+        if datal != data_len {
             return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 16, hdr.to_vec()));
         }
-        let Some(p) = self.pending.get_mut(&ttag) else {
+        let Some(mut p) = self.pending.remove(&ttag) else {
             return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 10, hdr.to_vec()));
         };
         if p.cmd.cid() != cid {
@@ -516,7 +1041,9 @@ impl Connection {
         if datao != p.received || datao + datal > p.buf.len() {
             return Err(Fatal::Term(pdu::FES_DATA_OUT_OF_RANGE, 12, hdr.to_vec()));
         }
-        p.buf[datao..datao + datal].copy_from_slice(data);
+        // Straight into the command's buffer.
+        self.read_into(&mut p.buf[datao..datao + datal])?;
+        let digest_ok = self.data_digest_ok(&p.buf[datao..datao + datal], dd)?;
         p.received += datal;
         p.digest_error |= !digest_ok;
         let last = flags & pdu::FLAG_LAST_PDU != 0;
@@ -524,25 +1051,180 @@ impl Connection {
             if last {
                 return Err(Fatal::Term(pdu::FES_DATA_OUT_OF_RANGE, 1, hdr.to_vec()));
             }
+            self.pending.insert(ttag, p);
             return Ok(());
         }
-        let p = self.pending.remove(&ttag).expect("looked up above");
         self.pending_bytes -= p.buf.len();
         if p.digest_error {
             tracing::warn!(cid, "data digest error in H2CData");
             self.complete(&p.cmd, Outcome::status(Status::TRANSIENT_TRANSPORT))?;
         } else {
             let len = p.buf.len() as u32;
-            let out = self.dispatch(&p.cmd, &p.buf, len);
-            self.complete(&p.cmd, out)?;
+            self.execute(p.cmd, p.buf, len)?;
         }
         self.start_waiting()
+    }
+
+    /// Run a command whose data (if any) is here: I/O commands that may wait
+    /// for a device on a worker, everything else inline.
+    fn execute(&mut self, cmd: Command, data: Vec<u8>, sgl_len: u32) -> Result<(), Fatal> {
+        if self.q.qid > 0 && cmd.opcode() != OPC_FABRICS {
+            if let Some(ctrl) = self.q.ctrl.clone().filter(|c| c.is_ready()) {
+                let p = match crate::io::prepare(&ctrl, &cmd, sgl_len) {
+                    Ok(p) => p,
+                    Err(s) => return self.complete(&cmd, Outcome::status(s)),
+                };
+                if p.may_block() {
+                    return self.on_worker(p, data);
+                }
+                let out = crate::io::run(&p, &data);
+                drop(data);
+                return self.complete(&cmd, out);
+            }
+        }
+        let out = self.dispatch(&cmd, &data, sgl_len);
+        self.complete(&cmd, out)
+    }
+
+    /// A command that may wait for a device: to a worker.
+    fn on_worker(&mut self, p: Prepared, data: Vec<u8>) -> Result<(), Fatal> {
+        let Some(ns) = p.read_namespace().cloned() else {
+            return self.hand_off(Job::One(p, data));
+        };
+        // A read, and the only command in progress with no other buffered (a
+        // host at queue depth 1): the hand-off would only add a wake-up.
+        let alone = self.inb.avail().is_empty()
+            && self.batch.is_empty()
+            && self.group.is_empty()
+            && self.pending.is_empty()
+            && lock(&self.sh.work).outstanding == 0;
+        if alone {
+            let out = crate::io::run(&p, &[]);
+            return self.complete(&p.cmd, out);
+        }
+        if self
+            .group
+            .first()
+            .and_then(|g| g.read_namespace())
+            .is_some_and(|g| !Arc::ptr_eq(g, &ns))
+        {
+            let g = std::mem::take(&mut self.group);
+            self.hand_off(Job::Reads(g))?;
+        }
+        self.group.push(p);
+        // While a worker is free the read starts at once, on its own; when
+        // every worker is busy, reads gather into groups.
+        if self.group.len() >= READ_GROUP || self.worker_free() {
+            let g = std::mem::take(&mut self.group);
+            self.hand_off(Job::Reads(g))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a worker could start a job now.
+    fn worker_free(&self) -> bool {
+        let w = lock(&self.sh.work);
+        w.idle > w.jobs.len() || w.threads < WORKERS_PER_QUEUE
+    }
+
+    /// Queue a job for the workers, starting one if none is idle; waits (after
+    /// sending the collected responses) while the queue's bounds are reached.
+    fn hand_off(&mut self, job: Job) -> Result<(), Fatal> {
+        let (n, bytes) = (job.commands(), job.bytes());
+        let limit = self.q.sqsize as usize + 1;
+        let over = |w: &Work| {
+            w.outstanding > 0 && (w.outstanding + n > limit || w.bytes + bytes > MAX_JOB_BYTES)
+        };
+        if over(&lock(&self.sh.work)) {
+            self.send_batch()?;
+            let mut w = lock(&self.sh.work);
+            while over(&w) {
+                w.reader_waits = true;
+                w = self
+                    .sh
+                    .done_cv
+                    .wait_timeout(w, POLL_INTERVAL)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                w.reader_waits = false;
+                if !self.alive() {
+                    return Err(Fatal::End(End::TimedOut));
+                }
+            }
+        }
+        let cids = job.cids();
+        let mut w = lock(&self.sh.work);
+        w.outstanding += n;
+        w.bytes += bytes;
+        w.cids.extend(cids);
+        w.jobs.push_back(job);
+        let spawn = w.idle < w.jobs.len() && w.threads < WORKERS_PER_QUEUE;
+        if spawn {
+            w.threads += 1;
+        }
+        let notify = w.idle > 0;
+        drop(w);
+        if spawn {
+            let sh = self.sh;
+            let started = std::thread::Builder::new()
+                .name("nvmet-worker".into())
+                .spawn_scoped(self.scope, move || sh.worker());
+            if let Err(e) = started {
+                tracing::warn!("cannot start a worker thread: {e}");
+                let mut w = lock(&self.sh.work);
+                w.threads -= 1;
+                if w.threads == 0 {
+                    // Nobody would run it: do it here.
+                    let job = w.jobs.pop_front();
+                    drop(w);
+                    if let Some(job) = job {
+                        self.sh.run_job(job);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        if notify {
+            self.sh.work_cv.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Hand gathered reads to a worker without waiting for room (the end of
+    /// the connection: the bounds no longer matter).
+    fn hand_off_group_quiet(&mut self) {
+        if self.group.is_empty() {
+            return;
+        }
+        let g = std::mem::take(&mut self.group);
+        let _ = self.hand_off(Job::Reads(g));
+    }
+
+    /// Wait until no command is on a worker (or the connection must end).
+    fn wait_idle(&mut self) -> Result<(), Fatal> {
+        let mut w = lock(&self.sh.work);
+        while w.outstanding > 0 {
+            w.reader_waits = true;
+            w = self
+                .sh
+                .done_cv
+                .wait_timeout(w, POLL_INTERVAL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            w.reader_waits = false;
+            if !self.alive() {
+                return Err(Fatal::End(End::TimedOut));
+            }
+        }
+        Ok(())
     }
 
     fn dispatch(&mut self, cmd: &Command, data: &[u8], sgl_len: u32) -> Outcome {
         if cmd.opcode() == OPC_FABRICS {
             let target = self.target.clone();
-            return crate::fabrics::execute(&mut self.q, &target, cmd, data);
+            let out = crate::fabrics::execute(&mut self.q, &target, cmd, data);
+            self.sh.qid.store(self.q.qid, Ordering::Relaxed);
+            return out;
         }
         let Some(ctrl) = self.q.ctrl.clone() else {
             return Outcome::status(Status::CMD_SEQ_ERROR);
@@ -557,53 +1239,50 @@ impl Connection {
         }
     }
 
+    /// Complete an inline command.
     fn complete(&mut self, cmd: &Command, out: Outcome) -> Result<(), Fatal> {
-        let (status, result, data, close) = match out {
+        match out {
             Outcome::Hold => {
                 self.held.insert(cmd.cid());
-                return Ok(());
+                Ok(())
             }
-            Outcome::Disconnect => (Status::SUCCESS, 0, Vec::new(), true),
+            Outcome::Disconnect => {
+                // The commands still running complete first.
+                self.flush_out()?;
+                self.wait_idle()?;
+                self.respond(cmd, Status::SUCCESS, 0, Vec::new())?;
+                self.send_batch()?;
+                Err(Fatal::End(End::Closed))
+            }
             Outcome::Done {
                 status,
                 result,
                 data,
-            } => (status, result, data, false),
-        };
-        self.out.clear();
-        let (_, sgl_len, _) = cmd.sgl();
-        if status.is_success() && !data.is_empty() && cmd.direction() == 2 {
-            let n = data.len().min(sgl_len as usize);
-            if n > 0 {
-                let d = &data[..n];
-                self.out.extend_from_slice(&pdu::data_header(
-                    pdu::C2H_DATA,
-                    cmd.cid(),
-                    0,
-                    0,
-                    n as u32,
-                    true,
-                    self.hdgst,
-                    self.ddgst,
-                ));
-                self.out.extend_from_slice(d);
-                if self.ddgst {
-                    self.out.extend_from_slice(&digest::digest_bytes(d));
-                }
-            }
+            } => self.respond(cmd, status, result, data),
         }
-        let cqe = Completion {
+    }
+
+    fn respond(
+        &mut self,
+        cmd: &Command,
+        status: Status,
+        result: u64,
+        data: Vec<u8>,
+    ) -> Result<(), Fatal> {
+        self.batch_bytes += data.len() + 64;
+        encode_response(
+            &mut self.batch,
+            cmd,
+            status,
             result,
-            sq_head: self.q.sq_head,
-            sq_id: self.q.qid,
-            cid: cmd.cid(),
-            status: status.to_field(),
-        };
-        self.out
-            .extend_from_slice(&pdu::capsule_resp(&cqe, self.hdgst));
-        self.stream.write_all(&self.out)?;
-        if close {
-            return Err(Fatal::End(End::Closed));
+            data,
+            self.sq_head,
+            self.q.qid,
+            self.hdgst,
+            self.ddgst,
+        );
+        if self.batch_bytes >= BATCH_BYTES {
+            self.send_batch()?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use crate::health::{Health, IoCounters};
 use crate::namespace::Namespace;
 
 /// The well-known discovery subsystem NQN.
@@ -52,10 +53,20 @@ pub struct Subsystem {
     pub serial: String,
     pub model: String,
     pub firmware: String,
-    namespaces: RwLock<BTreeMap<u32, Arc<dyn Namespace>>>,
+    namespaces: RwLock<BTreeMap<u32, NsSlot>>,
+    /// Counters of namespaces removed (so the subsystem's totals never go back).
+    retired: Arc<IoCounters>,
+}
+
+/// A namespace of a subsystem and its I/O counters (the SMART / Health log's).
+#[derive(Clone)]
+pub struct NsSlot {
+    pub ns: Arc<dyn Namespace>,
+    pub counters: Arc<IoCounters>,
 }
 
 impl Clone for Subsystem {
+    /// A copy sharing the namespaces and their counters.
     fn clone(&self) -> Subsystem {
         Subsystem {
             nqn: self.nqn.clone(),
@@ -63,6 +74,7 @@ impl Clone for Subsystem {
             model: self.model.clone(),
             firmware: self.firmware.clone(),
             namespaces: RwLock::new(self.map().clone()),
+            retired: self.retired.clone(),
         }
     }
 }
@@ -75,32 +87,48 @@ impl Subsystem {
             model: "flashpool".into(),
             firmware: env!("CARGO_PKG_VERSION").into(),
             namespaces: RwLock::new(BTreeMap::new()),
+            retired: Arc::new(IoCounters::default()),
         }
     }
 
-    fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u32, Arc<dyn Namespace>>> {
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u32, NsSlot>> {
         self.namespaces.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Add (or replace) namespace `nsid` (1..=0xFFFFFFFE).
+    /// Add (or replace) namespace `nsid` (1..=0xFFFFFFFE). A replaced namespace's
+    /// counters carry on.
     pub fn add_namespace(&self, nsid: u32, ns: Arc<dyn Namespace>) {
         assert!(nsid != 0 && nsid != u32::MAX, "invalid NSID");
-        self.namespaces
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(nsid, ns);
+        let mut map = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+        let counters = map
+            .get(&nsid)
+            .map(|s| s.counters.clone())
+            .unwrap_or_default();
+        map.insert(nsid, NsSlot { ns, counters });
     }
 
-    /// Remove namespace `nsid`; whether it existed.
+    /// Remove namespace `nsid`; whether it existed. Its counters join the subsystem's.
     pub fn remove_namespace(&self, nsid: u32) -> bool {
-        self.namespaces
+        let gone = self
+            .namespaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&nsid)
-            .is_some()
+            .remove(&nsid);
+        match gone {
+            Some(slot) => {
+                self.retired.absorb(&slot.counters.snapshot());
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn namespace(&self, nsid: u32) -> Option<Arc<dyn Namespace>> {
+        self.map().get(&nsid).map(|s| s.ns.clone())
+    }
+
+    /// The namespace and its counters.
+    pub fn slot(&self, nsid: u32) -> Option<NsSlot> {
         self.map().get(&nsid).cloned()
     }
 
@@ -110,7 +138,27 @@ impl Subsystem {
     }
 
     pub fn all_namespaces(&self) -> Vec<Arc<dyn Namespace>> {
-        self.map().values().cloned().collect()
+        self.map().values().map(|s| s.ns.clone()).collect()
+    }
+
+    /// SMART / Health counts of namespace `nsid` (None when it is not active), or of the
+    /// whole subsystem (`nsid` 0 or 0xFFFFFFFF: every namespace, and the ones removed).
+    pub fn health(&self, nsid: u32) -> Option<Health> {
+        let one = |s: &NsSlot| Health {
+            ns_media_errors: s.ns.media_errors(),
+            ..s.counters.snapshot()
+        };
+        if nsid == 0 || nsid == u32::MAX {
+            let slots: Vec<NsSlot> = self.map().values().cloned().collect();
+            Some(
+                slots
+                    .iter()
+                    .map(one)
+                    .fold(self.retired.snapshot(), Health::plus),
+            )
+        } else {
+            self.slot(nsid).map(|s| one(&s))
+        }
     }
 }
 

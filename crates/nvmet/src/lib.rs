@@ -12,9 +12,11 @@
 //! - [`fabrics`]: Fabrics commands (Connect, Property Get/Set, Disconnect).
 //! - [`admin`]: admin commands (Identify, features, log pages, keep alive, AER).
 //! - [`io`]: NVM I/O commands (Read, Write, Flush, Write Zeroes, DSM).
+//! - [`health`]: the SMART / Health log page and the I/O counters behind it.
 //! - [`discovery`]: the discovery log page.
 //! - [`connection`]: one queue (one TCP connection): PDU framing, R2T/H2C
-//!   data transfer, dispatch.
+//!   data transfer, dispatch inline or to the queue's worker threads, responses
+//!   sent as each command finishes (out of order).
 //! - [`server`]: the listener, thread-per-connection.
 
 pub mod admin;
@@ -23,12 +25,14 @@ pub mod controller;
 pub mod digest;
 pub mod discovery;
 pub mod fabrics;
+pub mod health;
 pub mod io;
 pub mod namespace;
 pub mod pdu;
 pub mod server;
 pub mod status;
 
-pub use controller::{Subsystem, Target, TargetConfig, DISCOVERY_NQN};
+pub use controller::{NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
+pub use health::{Health, IoCounters};
 pub use namespace::{MemNamespace, Namespace, NsError};
 pub use server::{RunningServer, Server};

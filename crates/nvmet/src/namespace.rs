@@ -19,13 +19,21 @@ pub enum NsError {
     /// No space left to store the data (thin pool full).
     #[error("no space left")]
     NoSpace,
+    /// The data could not be read back intact or written (an unrecovered media or data
+    /// integrity error): Unrecovered Read Error or Write Fault, counted in the SMART log.
+    #[error("media error: {0}")]
+    Media(String),
     /// Any other failure.
     #[error("I/O error: {0}")]
     Io(String),
 }
 
 /// One NVMe namespace. Offsets and lengths are in logical blocks of
-/// [`Namespace::block_size`] bytes; buffers are whole blocks.
+/// [`Namespace::block_size`] bytes; buffers are whole blocks. Every method may be called
+/// from several threads at once (queues, and commands in flight on one queue).
+///
+/// Durability: when [`Namespace::flush`] returns, every write that returned before it was
+/// called is durable; a `write` with `fua` is durable when it returns.
 pub trait Namespace: Send + Sync {
     /// Logical block size in bytes: 512 or 4096.
     fn block_size(&self) -> u32;
@@ -43,6 +51,40 @@ pub trait Namespace: Send + Sync {
     fn deallocate(&self, lba: u64, count: u64) -> Result<(), NsError>;
     /// Write zeros to `count` blocks.
     fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError>;
+
+    /// Reads several ranges, each `(lba, buffer)`; one result per range, in order. A
+    /// namespace on devices overrides it to have every range's device reads in flight at
+    /// once; the default reads them one after another.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), NsError>> {
+        reads
+            .iter_mut()
+            .map(|(lba, buf)| self.read(*lba, buf))
+            .collect()
+    }
+    /// Whether reading `count` blocks at `lba` may wait for a device. The target runs such
+    /// reads on the queue's worker threads, so a slow read does not hold up the commands
+    /// behind it, and the others inline on the queue's own thread (the fast path). Default:
+    /// false (memory: every read inline).
+    fn read_may_block(&self, _lba: u64, _count: u64) -> bool {
+        false
+    }
+    /// Whether writing `count` blocks at `lba` (without FUA) may wait for a device; such
+    /// writes run on worker threads. Default: false.
+    fn write_may_block(&self, _lba: u64, _count: u64) -> bool {
+        false
+    }
+    /// Whether [`Namespace::flush`] (and so a FUA write) may wait for a device; such
+    /// commands run on worker threads. Default: true.
+    fn flush_may_block(&self) -> bool {
+        true
+    }
+    /// Unrecovered media and data integrity errors the storage behind this namespace has
+    /// found so far, by any path (host reads, scrubs), for the SMART / Health log. Namespaces
+    /// that share one store may all report the store's count: the target takes the largest
+    /// value, not the sum. Default: 0 (none known).
+    fn media_errors(&self) -> u64 {
+        0
+    }
 }
 
 /// Check that `count` blocks from `lba` lie inside a namespace of `blocks` blocks.
@@ -142,6 +184,9 @@ impl Namespace for MemNamespace {
     }
     fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError> {
         self.deallocate(lba, count)
+    }
+    fn flush_may_block(&self) -> bool {
+        false
     }
 }
 

@@ -60,6 +60,18 @@ impl Status {
     pub const CONNECT_CTRL_BUSY: Status = specific(0x81);
     pub const CONNECT_INVALID_PARAM: Status = specific(0x82);
     pub const CONNECT_INVALID_HOST: Status = specific(0x84);
+    /// Write Fault (media and data integrity error).
+    pub const WRITE_FAULT: Status = Status {
+        sct: 2,
+        sc: 0x80,
+        dnr: false,
+    };
+    /// Unrecovered Read Error (media and data integrity error).
+    pub const UNRECOVERED_READ: Status = Status {
+        sct: 2,
+        sc: 0x81,
+        dnr: false,
+    };
     /// Write to a read-only namespace (NVM command set specific).
     pub const WRITE_TO_RO: Status = Status {
         sct: 1,

@@ -136,7 +136,7 @@ fn random_pdus_never_panic() {
     println!("{terminated} connections terminated by the target, {closed} ended otherwise");
     // Both outcomes must occur, or the generator is not exercising the target.
     assert!(
-        terminated > 30 && closed > 30,
+        terminated > 30 && closed > 10,
         "{terminated} terminated, {closed} closed"
     );
     // The target still serves a well-behaved host.

@@ -49,7 +49,12 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start() -> TestServer {
-        let server = Server::bind("127.0.0.1:0", config()).unwrap();
+        TestServer::with(config())
+    }
+
+    /// A server for `config` (tests with namespaces of their own).
+    pub fn with(config: TargetConfig) -> TestServer {
+        let server = Server::bind("127.0.0.1:0", config).unwrap();
         let target = server.target().clone();
         let running = server.spawn().unwrap();
         TestServer {
@@ -170,6 +175,31 @@ impl Host {
         }
         let b = pdu::capsule_cmd(&cmd, in_capsule, self.hdgst, self.ddgst);
         self.send_raw(&b);
+    }
+
+    /// Send several commands in one write (so the target finds them all in
+    /// one read): (command, in-capsule data, data to send on R2T).
+    pub fn burst(&mut self, cmds: Vec<(Command, Vec<u8>, Option<Vec<u8>>)>) {
+        let mut all = Vec::new();
+        for (mut cmd, in_capsule, r2t) in cmds {
+            if !in_capsule.is_empty() {
+                cmd.set_sgl(0, in_capsule.len() as u32, pdu::SGL_IN_CAPSULE);
+            } else if let Some(d) = &r2t {
+                cmd.set_sgl(0, d.len() as u32, pdu::SGL_TRANSPORT);
+            }
+            if let Some(d) = r2t {
+                self.outgoing.insert(cmd.cid(), d);
+            }
+            all.extend(pdu::capsule_cmd(&cmd, &in_capsule, self.hdgst, self.ddgst));
+        }
+        self.send_raw(&all);
+    }
+
+    /// A Read command of `blocks` 4 KiB blocks with its SGL set.
+    pub fn read_cmd(&mut self, nsid: u32, lba: u64, blocks: u32) -> Command {
+        let mut c = self.rw_cmd(0x02, nsid, lba, blocks);
+        c.set_sgl(0, blocks * BS as u32, pdu::SGL_TRANSPORT);
+        c
     }
 
     /// Read one PDU: (header, data). Checks digests.
