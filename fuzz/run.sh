@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SECS=${1:-30}
-TARGETS=(nbd_handshake nbd_session nbd_request decode_formats open_corrupt_pool)
+TARGETS=(nbd_handshake nbd_session nbd_request decode_formats open_corrupt_pool nvme_session)
+# Known false leak reports (see the file).
+export LSAN_OPTIONS="suppressions=$PWD/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
     # The corpus checks and a few random inputs on stable first (cheap, and they name a
     # missing seed corpus, which libFuzzer only reports as "No such file or directory").

@@ -290,3 +290,323 @@ pub fn decode_formats_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("checkpoint", cp.finish()),
     ]
 }
+
+/// The subsystem NQN and host NQN of the `nvme_session` target.
+pub const NVME_NQN: &str = "nqn.2024-01.io.flashpool:fuzz";
+pub const NVME_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz-host";
+
+/// A RAM namespace that says its writes, flushes and reads of odd LBAs may wait for a
+/// device, so the NVMe/TCP queue runs them on its worker threads (the fuzzer reaches that
+/// path too).
+struct WorkerNs(flashpool_nvmet::MemNamespace);
+
+impl flashpool_nvmet::Namespace for WorkerNs {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn blocks(&self) -> u64 {
+        self.0.blocks()
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.0.uuid()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), flashpool_nvmet::NsError> {
+        self.0.read(lba, buf)
+    }
+    fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), flashpool_nvmet::NsError> {
+        self.0.write(lba, data, fua)
+    }
+    fn flush(&self) -> Result<(), flashpool_nvmet::NsError> {
+        Ok(())
+    }
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), flashpool_nvmet::NsError> {
+        self.0.deallocate(lba, count)
+    }
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), flashpool_nvmet::NsError> {
+        self.0.write_zeroes(lba, count)
+    }
+    fn read_may_block(&self, lba: u64, _count: u64) -> bool {
+        lba % 2 == 1
+    }
+    fn write_may_block(&self, _lba: u64, _count: u64) -> bool {
+        true
+    }
+}
+
+/// A fresh target: subsystem `NVME_NQN` with namespaces 1 (4 KiB blocks), 2 (512-byte
+/// blocks) and 3 (worker path), 1 MiB each, and an enabled controller (CNTLID 1, host
+/// `NVME_HOSTNQN`, host ID 0xAA..., 4 I/O queues) for I/O queue Connects to join, as a host's
+/// admin queue would have made it.
+fn nvme_target() -> Arc<flashpool_nvmet::Target> {
+    use flashpool_nvmet::controller::CtrlKind;
+    use flashpool_nvmet::{MemNamespace, Subsystem, Target, TargetConfig};
+    let s = Subsystem::new(NVME_NQN, "fuzz");
+    s.add_namespace(1, Arc::new(MemNamespace::new(1 << 20, 4096, [1; 16])));
+    s.add_namespace(2, Arc::new(MemNamespace::new(1 << 20, 512, [2; 16])));
+    s.add_namespace(
+        3,
+        Arc::new(WorkerNs(MemNamespace::new(1 << 20, 4096, [3; 16]))),
+    );
+    let t = Target::new(TargetConfig {
+        subsystems: vec![s],
+        traddr: String::new(),
+        trsvcid: String::new(),
+    });
+    if let Some(sub) = t.subsystem(NVME_NQN) {
+        if let Some(c) = t.create_controller(CtrlKind::Nvm(sub), NVME_HOSTNQN.into(), [0xAA; 16], 0)
+        {
+            let mut r = c.regs();
+            r.cc = 1 | 6 << 16 | 4 << 20;
+            r.csts = 1;
+            r.io_queues = 4;
+        }
+    }
+    t
+}
+
+/// Keeps the first `cap` bytes written, counts the rest.
+struct Capped {
+    kept: Vec<u8>,
+    cap: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = b.len().min(self.cap - self.kept.len());
+        self.kept.extend_from_slice(&b[..n]);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One NVMe/TCP queue of a fresh target (see `nvme_target`), fed `data` as everything the
+/// host sends: the PDU parser (ICReq, capsules, H2CData, digests, framing checks), command
+/// decoding and every handler reachable from there. Also the PDU and entry decoders on the
+/// raw bytes.
+pub fn nvme_session(data: &[u8]) {
+    use flashpool_nvmet::pdu::{Command, CommonHeader, Completion, IcReq};
+    for c in data.chunks(8) {
+        if let Ok(h) = c.try_into() {
+            let h = CommonHeader::parse(h);
+            let _ = CommonHeader::expected_hlen(h.pdu_type);
+        }
+    }
+    let _ = IcReq::parse(data);
+    let _ = Completion::parse(data);
+    for c in data.chunks(64) {
+        if let Ok(b) = <[u8; 64]>::try_from(c) {
+            let cmd = Command(b);
+            let _ = (cmd.sgl(), cmd.direction(), cmd.fctype(), cmd.cdw(15));
+        }
+    }
+    nvme_session_output(data, 1 << 16);
+}
+
+/// [`nvme_session`]'s session, returning the first `cap` bytes the target sent.
+pub fn nvme_session_output(data: &[u8], cap: usize) -> Vec<u8> {
+    let mut out = Capped {
+        kept: Vec::new(),
+        cap,
+    };
+    flashpool_nvmet::connection::serve_io(
+        Cursor::new(data),
+        &mut out,
+        &|_| {},
+        "127.0.0.1:4420",
+        nvme_target(),
+        Arc::new(AtomicBool::new(false)),
+    );
+    out.kept
+}
+
+/// Seeds of `nvme_session`: scripted queues that use every command. `admin`: Connect a new
+/// controller, enable it, Identify, features, log pages, AER, keep alive, Disconnect.
+/// `io` and `io_digests` (header and data digests): Connect an I/O queue of the prepared
+/// controller, writes in the capsule and through R2T/H2CData (the first R2T's tag is 0),
+/// FUA, reads (one of `b"flashpool"` written before), flush, write zeroes, DSM, on all
+/// three namespaces, one read past the end, Disconnect. `discovery`: the discovery log.
+pub fn nvme_session_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use flashpool_nvmet::pdu::{self, Command, IcReq};
+    struct S {
+        out: Vec<u8>,
+        hd: bool,
+        dd: bool,
+        cid: u16,
+    }
+    impl S {
+        fn new(hd: bool, dd: bool) -> S {
+            let out = IcReq {
+                pfv: 0,
+                hpda: 0,
+                hdgst: hd,
+                ddgst: dd,
+                maxr2t: 0,
+            }
+            .encode();
+            S {
+                out,
+                hd,
+                dd,
+                cid: 1,
+            }
+        }
+        fn cmd(&mut self, opcode: u8, nsid: u32) -> Command {
+            let c = Command::new(opcode, self.cid, nsid);
+            self.cid += 1;
+            c
+        }
+        /// Submit with in-capsule data, or `xfer` bytes through the transport SGL.
+        fn submit(&mut self, mut c: Command, data: &[u8], xfer: u32) {
+            if data.is_empty() {
+                c.set_sgl(0, xfer, pdu::SGL_TRANSPORT);
+            } else {
+                c.set_sgl(0, data.len() as u32, pdu::SGL_IN_CAPSULE);
+            }
+            self.out
+                .extend(pdu::capsule_cmd(&c, data, self.hd, self.dd));
+        }
+        fn h2c(&mut self, cid: u16, ttag: u16, off: u32, data: &[u8], last: bool) {
+            self.out.extend(pdu::data_header(
+                pdu::H2C_DATA,
+                cid,
+                ttag,
+                off,
+                data.len() as u32,
+                last,
+                self.hd,
+                self.dd,
+            ));
+            self.out.extend_from_slice(data);
+            if self.dd {
+                self.out
+                    .extend_from_slice(&flashpool_nvmet::digest::digest_bytes(data));
+            }
+        }
+        fn connect(&mut self, nqn: &str, qid: u16, cntlid: u16) {
+            let mut c = self.cmd(0x7F, 0);
+            c.0[4] = 0x01;
+            pdu::put16(&mut c.0, 42, qid);
+            pdu::put16(&mut c.0, 44, 31);
+            let mut d = vec![0u8; 1024];
+            d[..16].copy_from_slice(&[0xAA; 16]);
+            pdu::put16(&mut d, 16, cntlid);
+            pdu::put_str(&mut d, 256, 256, nqn, 0);
+            pdu::put_str(&mut d, 512, 256, NVME_HOSTNQN, 0);
+            self.submit(c, &d, 0);
+        }
+        fn property(&mut self, set: bool, offset: u32, value: u64) {
+            let mut c = self.cmd(0x7F, 0);
+            c.0[4] = if set { 0x00 } else { 0x04 };
+            c.0[40] = 1;
+            pdu::put32(&mut c.0, 44, offset);
+            pdu::put64(&mut c.0, 48, value);
+            self.submit(c, &[], 0);
+        }
+        fn admin(&mut self, opcode: u8, nsid: u32, cdw10: u32, cdw11: u32, xfer: u32) {
+            let mut c = self.cmd(opcode, nsid);
+            c.set_cdw(10, cdw10);
+            c.set_cdw(11, cdw11);
+            self.submit(c, &[], xfer);
+        }
+        fn rw(&mut self, opcode: u8, nsid: u32, lba: u64, blocks: u32, fua: bool) -> Command {
+            let mut c = self.cmd(opcode, nsid);
+            c.set_cdw(10, lba as u32);
+            c.set_cdw(11, (lba >> 32) as u32);
+            c.set_cdw(12, (blocks - 1) | if fua { 1 << 30 } else { 0 });
+            c
+        }
+        fn disconnect(&mut self) {
+            let mut c = self.cmd(0x7F, 0);
+            c.0[4] = 0x08;
+            self.submit(c, &[], 0);
+        }
+    }
+    let admin = {
+        let mut s = S::new(false, false);
+        s.connect(NVME_NQN, 0, 0xFFFF);
+        s.property(false, 0x00, 0);
+        s.property(true, 0x14, 1 | 6 << 16 | 4 << 20);
+        s.property(false, 0x1c, 0);
+        s.admin(0x06, 0, 1, 0, 4096); // Identify controller
+        s.admin(0x06, 1, 0, 0, 4096); // namespace
+        s.admin(0x06, 0, 2, 0, 4096); // active namespace list
+        s.admin(0x06, 2, 3, 0, 4096); // descriptors
+        s.admin(0x09, 0, 0x07, 3 << 16 | 3, 0); // number of queues
+        s.admin(0x09, 0, 0x0F, 5000, 0); // keep alive timer
+        s.admin(0x09, 0, 0x0B, 1 << 8, 0); // async event configuration
+        s.admin(0x09, 0, 0x06, 1, 0); // volatile write cache
+        s.admin(0x0A, 0, 0x07, 0, 0);
+        s.admin(0x02, u32::MAX, 0x02 | 127 << 16, 0, 512); // SMART
+        s.admin(0x02, 1, 0x02 | 127 << 16, 0, 512);
+        s.admin(0x02, 0, 0x01 | 15 << 16, 0, 64); // error
+        s.admin(0x02, 0, 0x03 | 127 << 16, 0, 512); // firmware slot
+        s.admin(0x02, 0, 0x04 | 1023 << 16, 0, 4096); // changed namespaces
+        s.admin(0x0C, 0, 0, 0, 0); // AER (held)
+        s.admin(0x18, 0, 0, 0, 0); // keep alive
+        s.admin(0x08, 0, 0, 0, 0); // abort
+        s.admin(0xC1, 0, 0, 0, 0); // unknown
+        s.disconnect();
+        s.out
+    };
+    let io = |hd: bool, dd: bool| {
+        let mut s = S::new(hd, dd);
+        s.connect(NVME_NQN, 1, 1);
+        let mut block = vec![0u8; 4096];
+        block[..9].copy_from_slice(b"flashpool");
+        for ns in [1u32, 3] {
+            let c = s.rw(0x01, ns, 2, 1, false);
+            s.submit(c, &block, 0);
+            let c = s.rw(0x01, ns, 3, 1, true); // FUA
+            s.submit(c, &block, 0);
+            // 16 KiB through R2T, in two H2CData PDUs.
+            let c = s.rw(0x01, ns, 8, 4, false);
+            let cid = c.cid();
+            s.submit(c, &[], 16384);
+            let ttag = if ns == 1 { 0 } else { 1 };
+            s.h2c(cid, ttag, 0, &[0x5A; 8192], false);
+            s.h2c(cid, ttag, 8192, &[0xA5; 8192], true);
+            for lba in [2u64, 3, 8] {
+                let c = s.rw(0x02, ns, lba, 1, false);
+                s.submit(c, &[], 4096);
+            }
+            let c = s.rw(0x02, ns, 8, 4, false);
+            s.submit(c, &[], 16384);
+        }
+        let c = s.rw(0x02, 2, 0, 8, false); // 512-byte blocks
+        s.submit(c, &[], 4096);
+        let c = s.rw(0x01, 2, 9, 1, false);
+        s.submit(c, &[0x33; 512], 0);
+        s.admin(0x00, 1, 0, 0, 0); // flush
+        s.admin(0x00, u32::MAX, 0, 0, 0); // flush all
+        let c = s.rw(0x08, 1, 8, 2, false); // write zeroes
+        s.submit(c, &[], 0);
+        let mut range = vec![0u8; 16];
+        pdu::put32(&mut range, 4, 2);
+        pdu::put64(&mut range, 8, 10);
+        let mut c = s.cmd(0x09, 1); // DSM deallocate
+        c.set_cdw(10, 0);
+        c.set_cdw(11, 1 << 2);
+        s.submit(c, &range, 0);
+        let c = s.rw(0x02, 1, 256, 1, false); // past the end
+        s.submit(c, &[], 4096);
+        s.disconnect();
+        s.out
+    };
+    let discovery = {
+        let mut s = S::new(false, false);
+        s.connect(flashpool_nvmet::DISCOVERY_NQN, 0, 0xFFFF);
+        s.property(true, 0x14, 1);
+        s.admin(0x06, 0, 1, 0, 4096);
+        s.admin(0x02, 0, 0x70 | 1023 << 16, 0, 4096);
+        s.disconnect();
+        s.out
+    };
+    vec![
+        ("admin", admin),
+        ("io", io(false, false)),
+        ("io_digests", io(true, true)),
+        ("discovery", discovery),
+    ]
+}

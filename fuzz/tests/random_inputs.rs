@@ -87,6 +87,63 @@ fn nbd_session_seeds_reach_transmission() {
 }
 
 #[test]
+fn nvme_session() {
+    drive(
+        "nvme_session",
+        flashpool_fuzz::nvme_session,
+        2048,
+        cases() / 4,
+    );
+}
+
+/// The nvme_session seeds get past ICReq and Connect and use the commands: the I/O queues read
+/// back what they wrote, the admin queue gets the controller's Identify data, the discovery
+/// queue the discovery log; the committed corpus holds them.
+#[test]
+fn nvme_session_seeds_reach_the_commands() {
+    use flashpool_nvmet::pdu::{CommonHeader, Completion};
+    let committed = corpus("nvme_session");
+    for (name, seed) in flashpool_fuzz::nvme_session_seeds() {
+        let out = flashpool_fuzz::nvme_session_output(&seed, 1 << 20);
+        let want: &[u8] = match name {
+            "admin" => flashpool_fuzz::NVME_NQN.as_bytes(),
+            "discovery" => flashpool_fuzz::NVME_NQN.as_bytes(),
+            _ => b"flashpool",
+        };
+        assert!(
+            out.windows(want.len()).any(|w| w == want),
+            "seed {name}: {:?} not in the output",
+            String::from_utf8_lossy(want)
+        );
+        // Walk the PDUs: the last is the Disconnect's successful completion, and the I/O
+        // seeds see exactly one failure (the read past the end).
+        let (mut at, mut last, mut failures) = (128, None, 0);
+        while at + 8 <= out.len() {
+            let h = CommonHeader::parse(out[at..at + 8].try_into().unwrap());
+            if h.pdu_type == 0x05 {
+                let c = Completion::parse(&out[at + 8..at + 24]);
+                if c.status >> 1 != 0 {
+                    failures += 1;
+                }
+                last = Some(c);
+            }
+            assert_ne!(h.pdu_type, 0x03, "seed {name}: C2HTermReq");
+            at += h.plen as usize;
+        }
+        assert_eq!(at, out.len(), "seed {name}: whole PDUs");
+        let last = last.expect("completions");
+        assert_eq!(last.status, 0, "seed {name}: Disconnect completes");
+        if name.starts_with("io") {
+            assert_eq!(failures, 1, "seed {name}: only the read past the end fails");
+        }
+        assert!(
+            committed.contains(&seed),
+            "seed {name} missing from corpus/nvme_session"
+        );
+    }
+}
+
+#[test]
 fn nbd_request() {
     drive("nbd_request", flashpool_fuzz::nbd_request, 256, cases());
 }
@@ -121,6 +178,7 @@ fn every_target_has_a_seed_corpus() {
         "nbd_request",
         "decode_formats",
         "open_corrupt_pool",
+        "nvme_session",
     ] {
         assert!(!corpus(t).is_empty(), "fuzz/corpus/{t} is missing or empty");
     }

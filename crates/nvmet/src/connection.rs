@@ -233,15 +233,19 @@ struct Unsent {
     reader_waits: bool,
 }
 
-struct WriteSide {
-    w: TcpStream,
+struct WriteSide<W> {
+    w: W,
     /// Reused batch vector.
     spare: Vec<Vec<u8>>,
 }
 
+/// Closes (part of) the connection's transport, to unblock a reader or writer.
+pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
+
 /// What the reader shares with the workers.
-struct Shared {
-    writer: Mutex<WriteSide>,
+struct Shared<'c, W> {
+    writer: Mutex<WriteSide<W>>,
+    closer: Closer<'c>,
     unsent: Mutex<Unsent>,
     /// `unsent.bytes` dropped.
     sent: Condvar,
@@ -265,19 +269,40 @@ pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) 
     if let Err(e) = stream.set_read_timeout(Some(POLL_INTERVAL)) {
         return End::Io(e);
     }
-    let w = match stream.try_clone() {
-        Ok(w) => w,
-        Err(e) => return End::Io(e),
+    let (w, closer) = match (stream.try_clone(), stream.try_clone()) {
+        (Ok(w), Ok(c)) => (w, c),
+        (Err(e), _) | (_, Err(e)) => return End::Io(e),
     };
     let local_addr = stream
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let close = move |how| {
+        let _ = closer.shutdown(how);
+    };
+    serve_io(stream, w, &close, &local_addr, target, shutdown)
+}
+
+/// Serve one queue over any transport: `reader` gives what the host sends
+/// (a read that times out with `WouldBlock` or `TimedOut` lets the queue check
+/// keep-alive and shutdown), `writer` takes what the target sends, `closer`
+/// shuts the transport (to unblock a worker writing when the queue is torn
+/// down), `local_addr` is reported in the discovery log. [`serve`] is this
+/// over a TCP connection; the fuzz target runs it over bytes in memory.
+pub fn serve_io<R: Read, W: Write + Send>(
+    reader: R,
+    writer: W,
+    closer: Closer<'_>,
+    local_addr: &str,
+    target: Arc<Target>,
+    shutdown: Arc<AtomicBool>,
+) -> End {
     let shared = Shared {
         writer: Mutex::new(WriteSide {
-            w,
+            w: writer,
             spare: Vec::new(),
         }),
+        closer,
         unsent: Mutex::new(Unsent::default()),
         sent: Condvar::new(),
         failed: AtomicBool::new(false),
@@ -294,10 +319,10 @@ pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) 
         let mut r = Reader {
             scope,
             sh: &shared,
-            stream,
+            stream: reader,
             target: target.clone(),
             shutdown,
-            local_addr,
+            local_addr: local_addr.to_string(),
             q: QueueState::default(),
             sq_head: 0,
             hdgst: false,
@@ -364,7 +389,7 @@ impl InBuf {
 }
 
 /// Write whole buffers with as few `writev` calls as possible.
-fn write_bufs(w: &mut TcpStream, bufs: &[Vec<u8>]) -> io::Result<()> {
+fn write_bufs<W: Write>(w: &mut W, bufs: &[Vec<u8>]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len().min(MAX_IOV));
     for group in bufs.chunks(MAX_IOV) {
         slices.clear();
@@ -379,7 +404,7 @@ fn write_bufs(w: &mut TcpStream, bufs: &[Vec<u8>]) -> io::Result<()> {
             }
         }
     }
-    Ok(())
+    w.flush()
 }
 
 /// Append the response PDUs of `cmd` to `out`: C2HData with its data (a
@@ -429,7 +454,7 @@ fn encode_response(
     out.push(tail);
 }
 
-impl Shared {
+impl<W: Write + Send> Shared<'_, W> {
     /// Queue responses (emptying `bufs`) and write out the queue if nobody
     /// else is writing. False once the connection has failed.
     fn send(&self, bufs: &mut Vec<Vec<u8>>) -> bool {
@@ -465,7 +490,7 @@ impl Shared {
                 if let Err(e) = &r {
                     tracing::debug!("response write failed, closing: {e}");
                     self.failed.store(true, Ordering::SeqCst);
-                    let _ = ws.w.shutdown(Shutdown::Both);
+                    (self.closer)(Shutdown::Both);
                 }
                 let wake = {
                     let mut u = lock(&self.unsent);
@@ -567,10 +592,10 @@ impl Shared {
 }
 
 /// The reader: the connection's own thread.
-struct Reader<'s, 'e> {
+struct Reader<'s, 'e, 'c, R, W> {
     scope: &'s Scope<'s, 'e>,
-    sh: &'s Shared,
-    stream: TcpStream,
+    sh: &'s Shared<'c, W>,
+    stream: R,
     target: Arc<Target>,
     shutdown: Arc<AtomicBool>,
     local_addr: String,
@@ -594,7 +619,7 @@ struct Reader<'s, 'e> {
     next_ttag: u16,
 }
 
-impl<'s, 'e> Reader<'s, 'e> {
+impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     fn run(&mut self) -> End {
         let r = self.handshake().and_then(|()| loop {
             self.next_pdu()?;
@@ -621,10 +646,10 @@ impl<'s, 'e> Reader<'s, 'e> {
             self.hand_off_group_quiet();
             self.sh.send(&mut self.batch);
             if self.wait_idle().is_err() {
-                let _ = self.stream.shutdown(Shutdown::Both);
+                (self.sh.closer)(Shutdown::Both);
             }
         } else {
-            let _ = self.stream.shutdown(Shutdown::Both);
+            (self.sh.closer)(Shutdown::Both);
         }
         lock(&self.sh.work).closed = true;
         self.sh.work_cv.notify_all();
