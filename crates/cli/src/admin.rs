@@ -391,13 +391,8 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         }
         Op::VolumeResize { name, size, force } => {
             let v = pool.volume(&name)?;
-            if size < v.size() && !force {
-                let written: u64 = v
-                    .block_status(size, v.size() - size)?
-                    .iter()
-                    .filter(|e| e.state == flashpool_engine::BlockState::Data)
-                    .map(|e| e.length)
-                    .sum();
+            if !force {
+                let written = crate::volume::data_past(&v, size)?;
                 if written > 0 {
                     return Err(conflict(format!(
                         "volume {name} holds {} KiB of data past {size} bytes: shrinking discards it (force to shrink anyway)",

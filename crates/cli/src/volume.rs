@@ -94,13 +94,8 @@ pub fn run(a: VolumeArgs) -> Result<()> {
         }
         VolumeCmd::Resize { name, size, force } => {
             let v = pool.volume(&name)?;
-            if size < v.size() && !force {
-                let written: u64 = v
-                    .block_status(size, v.size() - size)?
-                    .iter()
-                    .filter(|e| e.state == flashpool_engine::BlockState::Data)
-                    .map(|e| e.length)
-                    .sum();
+            if !force {
+                let written = data_past(&v, size)?;
                 if written > 0 {
                     anyhow::bail!(
                         "volume {name} holds {} KiB of data past {size} bytes: shrinking discards it (--force to shrink anyway)",
@@ -114,4 +109,18 @@ pub fn run(a: VolumeArgs) -> Result<()> {
     }
     pool.close()?;
     Ok(())
+}
+
+/// Bytes of written data a volume holds past `size`: what shrinking it to `size` would
+/// discard (0 when `size` is not smaller). Offline `volume resize` and the admin API refuse
+/// such a shrink unless forced.
+pub(crate) fn data_past(v: &flashpool_engine::Volume, size: u64) -> flashpool_engine::Result<u64> {
+    if size >= v.size() {
+        return Ok(0);
+    }
+    Ok(v.block_status(size, v.size() - size)?
+        .iter()
+        .filter(|e| e.state == flashpool_engine::BlockState::Data)
+        .map(|e| e.length)
+        .sum())
 }

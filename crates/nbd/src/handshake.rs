@@ -172,22 +172,14 @@ pub fn negotiate_with<R: Read, W: Write>(
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(violation("unknown client flags"));
     }
-    haggle(r, w, exports, policy, client_flags)
+    negotiate_after_tls(r, w, exports, policy, client_flags)
 }
 
-/// Option haggling after TLS started (the greeting and client flags were exchanged in the
-/// clear; what was negotiated before `NBD_OPT_STARTTLS` is forgotten, as the spec asks).
+/// Option haggling once the greeting and client flags are exchanged: what
+/// [`negotiate_with`] goes on with, and what the caller runs over the encrypted stream after
+/// [`Ended::StartTls`] (what was negotiated before `NBD_OPT_STARTTLS` is forgotten, as the
+/// spec asks: this starts afresh).
 pub fn negotiate_after_tls<R: Read, W: Write>(
-    r: &mut R,
-    w: &mut W,
-    exports: &dyn ExportSet,
-    policy: &Policy<'_>,
-    client_flags: u32,
-) -> Result<Session, Ended> {
-    haggle(r, w, exports, policy, client_flags)
-}
-
-fn haggle<R: Read, W: Write>(
     r: &mut R,
     w: &mut W,
     exports: &dyn ExportSet,

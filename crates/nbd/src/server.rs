@@ -30,7 +30,7 @@ use crate::export::ExportSet;
 use crate::handshake::{self, Ended, Policy};
 use crate::poll_policy::PollerSlots;
 use crate::transmission::{self, BusyPoll, Limits};
-use crate::transport::{Closer, Transport};
+use crate::transport::{set_nonblocking, Closer, Transport};
 
 /// Read buffer for the handshake (what it holds past the handshake is
 /// handed to the request loop).
@@ -585,25 +585,6 @@ impl Server {
             wait_empty(FORCE_GRACE);
         }
     }
-}
-
-fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: fcntl flag manipulation on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = if on {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// Register a connection in handshake; returns its id.

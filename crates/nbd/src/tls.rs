@@ -15,7 +15,9 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::transport::{dup, set_nonblocking};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -180,13 +182,7 @@ impl Tls {
     /// caller's descriptor stays open), then starts the pump; returns the plain end of the
     /// socket pair the session continues on.
     pub fn start(&self, fd: RawFd, peer: &str) -> io::Result<UnixStream> {
-        // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor (or -1) nobody else owns.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `dup` is a fresh descriptor owned by nobody else.
-        let sock = File::from(unsafe { OwnedFd::from_raw_fd(dup) });
+        let sock = File::from(dup(fd)?);
         let ssl = Ssl::new(&self.ctx).map_err(|e| ssl_err("TLS session", e))?;
         // The handshake runs blocking (the caller's socket has its handshake deadline).
         let stream = ssl.accept(sock).map_err(|e| {
@@ -213,25 +209,6 @@ impl Tls {
             .spawn(move || plain_to_tls(&s2, inner2))?;
         Ok(plain)
     }
-}
-
-fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor the caller keeps open; no memory is passed.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = if on {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// Waits until `fd` is readable (`out` false) or writable (`out` true), at most a second.

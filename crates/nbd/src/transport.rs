@@ -109,7 +109,8 @@ impl Socket for UnixStream {
     }
 }
 
-fn dup(fd: i32) -> io::Result<OwnedFd> {
+/// A duplicate of descriptor `fd` (close-on-exec), owned by the caller.
+pub(crate) fn dup(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor (or -1) that nobody
     // else owns; we take ownership of it only on success.
     let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
@@ -118,4 +119,25 @@ fn dup(fd: i32) -> io::Result<OwnedFd> {
     }
     // SAFETY: `n` is a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Sets or clears `O_NONBLOCK` on descriptor `fd`.
+pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl flag manipulation on a descriptor the caller keeps open; no memory is
+    // passed.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
