@@ -5,6 +5,9 @@
 //!
 //! The previous checkpoint's segments stay reserved until the next one, so a crash at any
 //! point, even while superblocks are half rewritten, leaves a complete checkpoint to start from.
+//!
+//! A checkpoint also frees every segment the cleaner emptied that a log record could not
+//! (see `reuse`). It is otherwise only the bound on how much log a recovery replays.
 
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CheckpointWriter;
@@ -119,15 +122,19 @@ impl Inner {
             sb.generation
         };
         self.write_superblocks_gen(generation)?;
-        let mut freed = 0;
-        for st in w.segs.states.iter_mut() {
-            if *st == SegState::Reclaimed {
-                *st = SegState::Free;
-                freed += 1;
+        let reclaimed: Vec<u32> = (0..w.segs.states.len() as u32)
+            .filter(|&s| w.segs.states[s as usize] == SegState::Reclaimed)
+            .collect();
+        if !reclaimed.is_empty() {
+            self.discard_segments(&reclaimed);
+            for &s in &reclaimed {
+                w.segs.states[s as usize] = SegState::Free;
             }
-        }
-        if freed > 0 {
-            tracing::debug!(freed, "segments freed by the cleaner");
+            Stats::add(
+                &self.stats.segments_freed_at_checkpoint,
+                reclaimed.len() as u64,
+            );
+            tracing::debug!(freed = reclaimed.len(), "segments freed by the checkpoint");
         }
         w.bytes_since_cp = 0;
         Stats::add(&self.stats.checkpoints, 1);

@@ -9,7 +9,7 @@
 //! Modules, one job each: `drive` (the backend trait and its implementations), `assembly` (which drives are the
 //! pool's members), `codec`
 //! (erasure coding), `format` (on-disk encodings), `map` (block maps), `layout` (segments and
-//! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`
+//! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`, `reuse`
 //! (the paths through the pool), `volume` (the byte-level block API), `pool` (shared state and
 //! the public entry points), `stats` (counters).
 
@@ -30,6 +30,7 @@ mod pool;
 mod read;
 mod rebuild;
 mod recovery;
+mod reuse;
 mod scan;
 mod scrub;
 pub mod stats;

@@ -17,7 +17,7 @@ use crate::format::superblock::{Superblock, MEMBER_ACTIVE};
 use crate::format::BLOCK;
 use crate::layout::{SegState, SegmentTable};
 use crate::map::Entry;
-use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState};
+use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState, WriterState};
 use crate::scan::StripeDesc;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -286,39 +286,28 @@ impl Inner {
             .collect();
         let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
         for s in scan {
-            for (seq, d) in self.scan_segment(s, true) {
-                if seq > cp_end {
-                    match log.get_mut(&seq) {
-                        Some(prev) if prev.records.is_none() => prev.records = d.records,
-                        Some(_) => {}
-                        None => {
-                            log.insert(seq, d);
-                        }
-                    }
-                }
-            }
+            self.scan_into_log(s, cp_end, &mut log);
         }
-        let max_seen = log.keys().next_back().copied().unwrap_or(0).max(cp_end);
+        let mut max_seen = log.keys().next_back().copied().unwrap_or(0).max(cp_end);
         let mut expected = cp_end + 1;
         let mut applied = 0;
-        for (seq, d) in &log {
-            if *seq != expected {
-                tracing::info!(seq = expected, "log ends: stripe missing");
-                break;
-            }
+        while let Some(d) = log.remove(&expected) {
             if d.kind == StripeKind::Checkpoint {
                 // An unfinished checkpoint: its space is free again.
                 expected += 1;
                 continue;
             }
             let Some(records) = &d.records else {
-                tracing::info!(seq, "log ends: no readable copy of the stripe's records");
+                tracing::info!(
+                    seq = d.seq,
+                    "log ends: no readable copy of the stripe's records"
+                );
                 break;
             };
             if d.w > 0 {
-                match self.read_stripe_lost(d, None) {
+                match self.read_stripe_lost(&d, None) {
                     Err(e) => {
-                        tracing::info!(seq, error = %e, "log ends: stripe incomplete");
+                        tracing::info!(seq = d.seq, error = %e, "log ends: stripe incomplete");
                         break;
                     }
                     // Readable only by reconstruction (a crash tore some of its chunks, or a
@@ -328,14 +317,24 @@ impl Inner {
                     Ok(_) => {}
                 }
             }
-            self.apply_records(d, records)?;
+            self.apply_records(&d, records)?;
             if d.kind == StripeKind::Data {
                 let space = Inner::stripe_space(&d.chunks, d.w, d.m);
                 self.written_slots[d.segment as usize].fetch_add(space, Ordering::Relaxed);
             }
             w.segs.states[d.segment as usize] = SegState::Used;
+            for r in records {
+                if let Record::SegmentFree { segment } = *r {
+                    self.free_segment_at(&mut w, segment, d.seq)?;
+                    self.scan_into_log(segment, d.seq, &mut log);
+                    max_seen = max_seen.max(log.keys().next_back().copied().unwrap_or(0));
+                }
+            }
             expected += 1;
             applied += 1;
+        }
+        if let Some((&seq, _)) = log.range(expected..).next() {
+            tracing::info!(missing = expected, next = seq, "log ends: stripe missing");
         }
         if !space_known {
             for s in open_at_checkpoint {
@@ -357,6 +356,36 @@ impl Inner {
         Ok((applied, repair))
     }
 
+    /// Adds the stripes of segment `s` newer than `after` to `log` (a stripe's records from
+    /// whichever copy has them).
+    fn scan_into_log(&self, s: u32, after: u64, log: &mut BTreeMap<u64, StripeDesc>) {
+        for (seq, d) in self.scan_segment(s, true) {
+            if seq > after {
+                match log.get_mut(&seq) {
+                    Some(prev) if prev.records.is_none() => prev.records = d.records,
+                    Some(_) => {}
+                    None => {
+                        log.insert(seq, d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replays a segment-free record of stripe `seq`: the segment held data at the
+    /// checkpoint (or since) and is free from here on; stripes after `seq` may fill it again.
+    fn free_segment_at(&self, w: &mut WriterState, segment: u32, seq: u64) -> Result<()> {
+        let state = w.segs.states.get(segment as usize).copied();
+        if state != Some(SegState::Used) {
+            return Err(Error::corrupt(format!(
+                "stripe {seq} frees segment {segment}, which is {state:?}"
+            )));
+        }
+        w.segs.states[segment as usize] = SegState::Free;
+        self.written_slots[segment as usize].store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn apply_records(&self, d: &StripeDesc, records: &[Record]) -> Result<()> {
         let mut t = self.volumes.write();
         for r in records {
@@ -368,9 +397,15 @@ impl Inner {
                     offset,
                     len,
                     crc,
+                    from,
                     ..
                 } => {
                     let Some(v) = t.by_id.get(vol) else { continue };
+                    if from.is_some_and(|f| v.map.get(*lba) != f) {
+                        // A relocation of contents overwritten, trimmed or moved since (by a
+                        // record earlier in the log but later in time): not applied.
+                        continue;
+                    }
                     let c = d
                         .chunks
                         .get(*chunk as usize)
@@ -426,6 +461,8 @@ impl Inner {
                         v.resize(*size, |_| {});
                     }
                 }
+                // The roll-forward frees the segment and scans it (`free_segment_at`).
+                Record::SegmentFree { .. } => {}
             }
         }
         Ok(())

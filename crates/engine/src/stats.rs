@@ -123,6 +123,10 @@ counters! {
     gc_segments_cleaned,
     /// Cleaner passes.
     gc_runs,
+    /// Emptied segments freed by a log record (no checkpoint needed).
+    segments_freed_by_log,
+    /// Emptied segments freed by a checkpoint (they held stripes a recovery would replay).
+    segments_freed_at_checkpoint,
     /// Blocks stored compressed.
     compressed_blocks,
     /// Blocks that were tried and did not compress enough (stored raw).

@@ -38,8 +38,9 @@ pub struct StripeShape {
 impl StripeShape {
     /// The shape for k + m chunks of `chunk_size` bytes.
     pub fn new(k: usize, m: usize, chunk_size: usize) -> Self {
-        // Room for one write record per block at 2:1 compression, plus trims and volume changes.
-        let record_budget = (2 * k * chunk_size / BLOCK + 64) * 24 + 512;
+        // Room for one write record per block at 2:1 compression (relocations' records are the
+        // longest, 32 bytes), plus trims and volume changes.
+        let record_budget = (2 * k * chunk_size / BLOCK + 64) * 32 + 512;
         let hmax = header_len(k + m, None) + round_up_block(record_budget);
         StripeShape {
             k,
@@ -178,7 +179,8 @@ impl OpenStripe {
     /// and its stored length, or None when the stripe is full (seal, then retry). A raw 4 KiB
     /// block lands 4 KiB-aligned when it can; off alignment (after packed blocks) it is stored
     /// with its CRC32C in a trailer, so every stored form but the aligned one carries a full
-    /// checksum. `crc` is the CRC32C of `data`.
+    /// checksum. `crc` is the CRC32C of `data`; `from` is the map entry a relocation moves
+    /// the block from (see `Record::Write`).
     pub fn append_block(
         &mut self,
         vol: u32,
@@ -186,6 +188,7 @@ impl OpenStripe {
         data: &[u8],
         crc: u32,
         flags: u8,
+        from: Option<u64>,
     ) -> Option<(u32, u32)> {
         debug_assert!(data.len() <= RAW_WITH_CRC && data.len().is_multiple_of(32));
         let probe = Record::Write {
@@ -196,6 +199,7 @@ impl OpenStripe {
             len: data.len() as u16,
             flags,
             crc,
+            from,
         };
         if !self.has_record_room(&probe) {
             return None;
@@ -230,6 +234,7 @@ impl OpenStripe {
             len: len as u16,
             flags,
             crc,
+            from,
         };
         self.push_record(rec);
         Some((pos as u32, len as u32))
@@ -264,7 +269,7 @@ impl OpenStripe {
     /// True when no further block fits.
     pub fn is_full(&self) -> bool {
         (self.chunk + 1 >= self.plan.w_max && self.fill + BLOCK > self.shape.chunk_size)
-            || self.record_bytes + 24 > self.shape.record_budget
+            || self.record_bytes + 32 > self.shape.record_budget
     }
 
     /// Data bytes appended so far.
@@ -499,7 +504,7 @@ mod tests {
         let mut push = |o: &mut OpenStripe, data: Vec<u8>| {
             let crc = crate::crc::checksum(&data);
             lba += 1;
-            o.append_block(1, lba, &data, crc, 0).is_some()
+            o.append_block(1, lba, &data, crc, 0, None).is_some()
         };
         assert!(push(&mut o, vec![1; BLOCK]));
         assert!(push(&mut o, vec![2; 1056])); // packed

@@ -361,7 +361,7 @@ impl Inner {
                     vol.name
                 )));
             }
-            Ok(self.append_mapped(open, vol, lba, stored, crc, flags))
+            Ok(self.append_mapped(open, vol, lba, stored, crc, flags, None))
         })?;
         vol.logical_written.add(data.len() as u64);
         vol.stored_written.add(stored.len() as u64);
@@ -370,7 +370,9 @@ impl Inner {
     }
 
     /// Appends a stored block of volume `v` to `open` and points the map at it (releasing
-    /// what it pointed at before); None when the stripe has no room.
+    /// what it pointed at before); None when the stripe has no room. `from`: the map entry a
+    /// relocation moves the block from (the caller checked the map still holds it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append_mapped(
         &self,
         open: &mut OpenStripe,
@@ -379,8 +381,13 @@ impl Inner {
         stored: &[u8],
         crc: u32,
         flags: u8,
+        from: Option<u64>,
     ) -> Option<()> {
-        let (pos, len) = open.append_block(v.id, lba, stored, crc, flags)?;
+        debug_assert!(
+            from.is_none_or(|f| v.map.get(lba) == f),
+            "a relocation moves what the map holds"
+        );
+        let (pos, len) = open.append_block(v.id, lba, stored, crc, flags, from)?;
         let new = Entry::Buffered {
             seq: open.seq,
             offset: pos,
@@ -560,14 +567,20 @@ impl Inner {
 
     /// Makes every write completed before this call durable.
     pub(crate) fn flush(&self) -> Result<()> {
+        self.flush_log()?;
+        Stats::add(&self.stats.flushes, 1);
+        Ok(())
+    }
+
+    /// Seals the open stripes and makes every stripe assigned so far durable (a host flush,
+    /// or the engine's own need to have its log on the media).
+    pub(crate) fn flush_log(&self) -> Result<()> {
         self.check_failed()?;
         let (target, sealed) = self.seal_open_stripes();
         for s in sealed {
             self.write_stripe(s)?;
         }
         self.wait_written(target)?;
-        self.flush_drives()?;
-        Stats::add(&self.stats.flushes, 1);
-        Ok(())
+        self.flush_drives()
     }
 }

@@ -33,13 +33,17 @@ fn image_at(
         .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
         .collect();
     for op in &log[..cut] {
-        if let DriveOp::Write {
-            drive,
-            offset,
-            data,
-        } = op
-        {
-            drives[*drive].write_at(*offset, data).unwrap();
+        match op {
+            DriveOp::Write {
+                drive,
+                offset,
+                data,
+            } => drives[*drive].write_at(*offset, data).unwrap(),
+            // The harshest discard: the range reads as zeros from then on.
+            DriveOp::Discard { drive, offset, len } => {
+                drives[*drive].discard(*offset, *len).unwrap()
+            }
+            DriveOp::Flush { .. } => {}
         }
     }
     if let (
@@ -62,13 +66,49 @@ fn image_at(
     as_refs(&drives)
 }
 
+/// The workload's mix.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    /// Writes, trims and flushes on a roomy pool.
+    Host,
+    /// The same on a pool of a few small segments, with explicit cleaner runs and checkpoints
+    /// between: segments are cleaned, freed by log records and by checkpoints, discarded and
+    /// written again, and every cut falls somewhere in that.
+    Cleaning,
+}
+
 fn run(k: usize, m: usize, default_seed: u64) {
-    let seed = test_seed(&format!("crash-point test {k}+{m}"), default_seed);
+    run_mix(k, m, default_seed, Mix::Host)
+}
+
+fn run_mix(k: usize, m: usize, default_seed: u64, mix: Mix) {
+    let what = if mix == Mix::Cleaning {
+        " with cleaning"
+    } else {
+        ""
+    };
+    let seed = test_seed(&format!("crash-point test {k}+{m}{what}"), default_seed);
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
     // Set-up, not recorded: a pool with one volume, closed cleanly.
-    let base = mem_drives(5, false);
-    let pool = Pool::create(as_refs(&base), &small_config(k, m)).unwrap();
-    pool.create_volume("v", BLOCKS * 4096).unwrap();
+    let (base, cfg) = match mix {
+        Mix::Host => (mem_drives(5, false), small_config(k, m)),
+        Mix::Cleaning => {
+            let drives = (0..5)
+                .map(|i| Arc::new(MemDrive::new(4 << 20, format!("mem:{i}"))))
+                .collect();
+            let cfg = flashpool_engine::PoolConfig {
+                k,
+                m,
+                chunk_size: 16 << 10,
+                segment_size: 192 << 10,
+                checkpoint_interval: 1 << 20,
+            };
+            (drives, cfg)
+        }
+    };
+    let pool = Pool::create(as_refs(&base), &cfg).unwrap();
+    pool.create_volume_with("v", BLOCKS * 4096, flashpool_engine::Compression::Off)
+        .unwrap();
     pool.close().unwrap();
 
     let log = DriveLog::new();
@@ -84,12 +124,19 @@ fn run(k: usize, m: usize, default_seed: u64) {
     let pool = Pool::open(recorded).unwrap();
     let vol = pool.volume("v").unwrap();
     let mut ops: Vec<HostOp> = Vec::new();
-    for i in 0..160u64 {
+    let ops_count = if mix == Mix::Cleaning { 600 } else { 160 };
+    for i in 0..ops_count {
         let start = log.len();
         let r = rng.random_range(0..100);
         let effect: Option<Vec<(u64, Vec<u8>)>> = if r < 8 {
             pool.flush().unwrap();
             None
+        } else if mix == Mix::Cleaning && r < 11 {
+            pool.gc(usize::MAX).unwrap();
+            Some(Vec::new())
+        } else if mix == Mix::Cleaning && r < 12 {
+            pool.checkpoint().unwrap();
+            Some(Vec::new())
         } else if r < 14 {
             let lba = rng.random_range(0..BLOCKS - 4);
             let n = rng.random_range(1..4);
@@ -114,8 +161,21 @@ fn run(k: usize, m: usize, default_seed: u64) {
         end: log.len(),
         effect: None,
     });
+    let stats = pool.stats();
     drop(pool);
     let log = log.ops();
+    if mix == Mix::Cleaning {
+        eprintln!(
+            "{} segments cleaned, {} freed by log records, {} by checkpoints",
+            stats.gc_segments_cleaned,
+            stats.segments_freed_by_log,
+            stats.segments_freed_at_checkpoint
+        );
+        assert!(
+            stats.segments_freed_by_log > 0 && stats.segments_freed_at_checkpoint > 0,
+            "seed {seed}: the workload frees segments both ways"
+        );
+    }
 
     let mut cuts: Vec<(usize, Option<usize>)> = (0..=log.len()).map(|c| (c, None)).collect();
     for (i, op) in log.iter().enumerate() {
@@ -174,4 +234,14 @@ fn crash_points_m1() {
 #[test]
 fn crash_points_m2() {
     run(3, 2, 3);
+}
+
+#[test]
+fn crash_points_cleaning_m1() {
+    run_mix(4, 1, 4, Mix::Cleaning);
+}
+
+#[test]
+fn crash_points_cleaning_m2() {
+    run_mix(3, 2, 5, Mix::Cleaning);
 }

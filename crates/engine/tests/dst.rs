@@ -395,6 +395,8 @@ struct Tally {
     engine_compressed_blocks: u64,
     engine_compressed_stored: u64,
     engine_checkpoints: u64,
+    engine_freed_by_log: u64,
+    engine_freed_at_checkpoint: u64,
     drives_added: u64,
     add_drive_skipped: u64,
     /// Member replacements done, skipped (no faulty member, or too many drives), and
@@ -560,6 +562,8 @@ impl World {
         self.tally.engine_compressed_blocks += s.compressed_blocks;
         self.tally.engine_compressed_stored += s.compressed_stored_bytes;
         self.tally.engine_checkpoints += s.checkpoints;
+        self.tally.engine_freed_by_log += s.segments_freed_by_log;
+        self.tally.engine_freed_at_checkpoint += s.segments_freed_at_checkpoint;
         p
     }
 
@@ -1783,6 +1787,8 @@ impl Tally {
         self.engine_compressed_blocks += o.engine_compressed_blocks;
         self.engine_compressed_stored += o.engine_compressed_stored;
         self.engine_checkpoints += o.engine_checkpoints;
+        self.engine_freed_by_log += o.engine_freed_by_log;
+        self.engine_freed_at_checkpoint += o.engine_freed_at_checkpoint;
         self.drives_added += o.drives_added;
         self.add_drive_skipped += o.add_drive_skipped;
         self.replaces += o.replaces;
@@ -1856,7 +1862,8 @@ fn deterministic_simulation() {
          errors {}, torn writes {}, bit flips {}, corrupt reads {}, latency spikes {}, vanishes {}); \
          engine saw {} CRC errors, {} read errors, {} degraded reads; \
          GC: {} explicit runs cleaning {} segments, engine {} cleaner passes, {} segments \
-         cleaned, {} MiB relocated; {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
+         cleaned, {} MiB relocated, {} segments freed by log records and {} by checkpoints; \
+         {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
          k + m + 3 drives); {} replaces ({} skipped), {} re-admissions; not members presented and set aside: {} foreign, {} blank, {} stale \
@@ -1890,6 +1897,8 @@ fn deterministic_simulation() {
         t.engine_gc_runs,
         t.engine_gc_segments,
         t.engine_gc_relocated >> 20,
+        t.engine_freed_by_log,
+        t.engine_freed_at_checkpoint,
         t.engine_checkpoints,
         t.rebuild_ops,
         t.rebuilds,

@@ -42,7 +42,7 @@ fn plain_expected(lba: u64) -> Vec<u8> {
     }
     let round = (0..12u64)
         .rev()
-        .find(|&r| r == 0 || (lba * 7 + r) % 3 == 0)
+        .find(|&r| r == 0 || (lba * 7 + r).is_multiple_of(3))
         .unwrap();
     block_for(round << 32 | lba)
 }
@@ -79,7 +79,7 @@ fn checkpoint_version_2_pool_opens_and_takes_writes() {
     for round in 0..6u64 {
         for lba in (round..512).step_by(3) {
             plain
-                .write(lba * 4096, &block_for(1000 + round << 32 | lba))
+                .write(lba * 4096, &block_for((1000 + round) << 32 | lba))
                 .unwrap();
         }
         pool.gc(usize::MAX).unwrap();
@@ -89,8 +89,8 @@ fn checkpoint_version_2_pool_opens_and_takes_writes() {
     let last = |lba: u64| {
         (0..6u64)
             .rev()
-            .find(|&r| lba >= r && (lba - r) % 3 == 0)
-            .map(|r| block_for(1000 + r << 32 | lba))
+            .find(|&r| lba >= r && (lba - r).is_multiple_of(3))
+            .map(|r| block_for((1000 + r) << 32 | lba))
     };
     let drives = (0..5)
         .map(|i| {

@@ -412,6 +412,18 @@ impl Drive for FaultDrive {
         self.inner.write_at(offset, buf)
     }
 
+    /// Passed on unless the drive is gone or failing writes; draws no random fault (a
+    /// discard is advice the engine does not depend on).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.switch.offline.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        }
+        if self.switch.fail_writes.load(Ordering::Relaxed) {
+            return Err(eio());
+        }
+        self.inner.discard(offset, len)
+    }
+
     fn flush(&self) -> io::Result<()> {
         let d = self.begin(Kind::Flush, 0)?;
         if d.error || self.switch.fail_writes.load(Ordering::Relaxed) {

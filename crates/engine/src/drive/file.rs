@@ -4,12 +4,16 @@
 //! device's behaviour and memory is not spent twice), with a clean fallback to buffered I/O where
 //! O_DIRECT is refused (tmpfs on old kernels, some FUSE and network filesystems). Unaligned
 //! caller buffers are bounced through an aligned buffer. Flush is fdatasync.
+//!
+//! Discard is `BLKDISCARD` on a block device and a punched hole in a sparse file. A file
+//! whose blocks were allocated up front (the default for drive files) is never punched: the
+//! allocation is what keeps the host filesystem filling up from failing the drive.
 
 use super::{check_io, Drive, DriveInfo};
 use crate::aligned::{is_aligned, AlignedBuf};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +23,18 @@ pub struct FileDrive {
     path: PathBuf,
     size: u64,
     direct: bool,
+    discard: DiscardBy,
+}
+
+/// How [`Drive::discard`] reaches the storage under a file drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DiscardBy {
+    /// `BLKDISCARD` (a block device).
+    Ioctl,
+    /// `fallocate(PUNCH_HOLE)` (a sparse regular file).
+    PunchHole,
+    /// Not at all (an allocated file, or the device refused once).
+    Nothing,
 }
 
 impl FileDrive {
@@ -85,8 +101,17 @@ impl FileDrive {
             file,
             path: path.to_owned(),
             direct,
+            discard: DiscardBy::Nothing,
         };
         drive.size = drive.file.seek(SeekFrom::End(0))? / 4096 * 4096;
+        let md = drive.file.metadata()?;
+        drive.discard = if md.file_type().is_block_device() {
+            DiscardBy::Ioctl
+        } else if md.blocks() * 512 < md.len() {
+            DiscardBy::PunchHole
+        } else {
+            DiscardBy::Nothing
+        };
         if drive.direct && !drive.probe_direct() {
             drive.file = Self::open_with(path, 0)?;
             drive.direct = false;
@@ -116,6 +141,9 @@ impl FileDrive {
         self.direct
     }
 }
+
+/// `_IO(0x12, 119)` from linux/fs.h.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl Drive for FileDrive {
     fn info(&self) -> DriveInfo {
@@ -150,6 +178,34 @@ impl Drive for FileDrive {
         self.file.sync_data()
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_io(offset, len as usize, self.size)?;
+        let fd = self.file.as_raw_fd();
+        let rc = match self.discard {
+            DiscardBy::Nothing => return Ok(()),
+            DiscardBy::Ioctl => {
+                let range: [u64; 2] = [offset, len];
+                // SAFETY: BLKDISCARD reads two u64s (start, length) from the pointer, which
+                // points at a live array of two u64s; the descriptor is ours.
+                unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+            }
+            // SAFETY: fallocate on a valid, owned file descriptor; no memory is passed.
+            DiscardBy::PunchHole => unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            },
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     fn fd_target(&self) -> Option<super::FdTarget> {
         Some(super::FdTarget {
             fd: self.file.as_raw_fd(),
@@ -182,6 +238,44 @@ mod tests {
         d2.read_at(0, &mut r).unwrap();
         assert_eq!(&r[..], &a[..4096]);
         assert!(d2.write_at(1 << 20, &r).is_err());
+    }
+
+    /// A sparse drive file gives discarded ranges back to the filesystem; an allocated one
+    /// keeps its blocks (and its data: a discard there does nothing).
+    #[test]
+    fn discard_punches_sparse_files_only() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let blocks = |p: &Path| std::fs::metadata(p).unwrap().blocks();
+        let ones = {
+            let mut a = AlignedBuf::zeroed(1 << 20);
+            a.fill(1);
+            a
+        };
+        let sparse = dir.path().join("sparse.img");
+        let (d, _) = FileDrive::create_new(&sparse, 4 << 20, false).unwrap();
+        d.write_at(1 << 20, &ones).unwrap();
+        d.flush().unwrap();
+        let before = blocks(&sparse);
+        d.discard(1 << 20, 1 << 20).unwrap();
+        assert!(
+            blocks(&sparse) < before,
+            "{} -> {}",
+            before,
+            blocks(&sparse)
+        );
+        assert!(d.discard(4 << 20, 4096).is_err(), "past the end");
+        let (d, allocated) =
+            FileDrive::create_new(&dir.path().join("full.img"), 4 << 20, true).unwrap();
+        if allocated {
+            d.write_at(0, &ones).unwrap();
+            let before = blocks(&dir.path().join("full.img"));
+            d.discard(0, 1 << 20).unwrap();
+            assert_eq!(blocks(&dir.path().join("full.img")), before);
+            let mut r = AlignedBuf::zeroed(4096);
+            d.read_at(0, &mut r).unwrap();
+            assert_eq!(r[0], 1);
+        }
     }
 
     #[test]

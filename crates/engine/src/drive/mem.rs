@@ -62,6 +62,22 @@ impl Image {
         }
     }
 
+    /// Zeroes a range, dropping the pages it covers whole.
+    fn zero(&self, offset: u64, len: u64) {
+        let (mut pos, end) = (offset as usize, (offset + len) as usize);
+        while pos < end {
+            let (page, at) = (pos / PAGE, pos % PAGE);
+            let n = (PAGE - at).min(end - pos);
+            let mut slot = self.pages[page].write();
+            if n == PAGE {
+                *slot = None;
+            } else if let Some(p) = slot.as_mut() {
+                p[at..at + n].fill(0);
+            }
+            pos += n;
+        }
+    }
+
     fn snapshot(&self) -> Image {
         Image {
             pages: self
@@ -194,6 +210,20 @@ impl Drive for MemDrive {
             for (off, data) in pending {
                 t.durable.write(off, &data);
             }
+        }
+        Ok(())
+    }
+
+    /// The range reads as zeros from now on (the harshest thing a real discard may do); with
+    /// crash tracking it is volatile until the next flush, like a write of zeros.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_io(offset, len as usize, self.size)?;
+        if let Some(t) = &self.tracked {
+            let mut t = t.lock();
+            self.image.zero(offset, len);
+            t.pending.push((offset, vec![0; len as usize]));
+        } else {
+            self.image.zero(offset, len);
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! The drive interface: the one small trait every storage backend implements.
 //!
-//! The engine only ever calls these four operations, so new backends (io_uring, an emulated
+//! The engine only ever calls these few operations, so new backends (io_uring, an emulated
 //! SSD from the simulator, a network drive) slot in without touching the engine. Offsets and
 //! lengths are multiples of [`crate::aligned::ALIGN`] (4 KiB); buffers the engine passes are
 //! 4 KiB-aligned when it can, and a backend with stricter needs (O_DIRECT) bounces the rest.
@@ -40,6 +40,15 @@ pub trait Drive: Send + Sync {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Says `len` bytes at `offset` hold nothing the engine will read again (a freed
+    /// segment), so a device with its own FTL can drop them instead of copying them in its
+    /// garbage collection (TRIM, `BLKDISCARD`, NVMe deallocate). Afterwards the range may read
+    /// as anything. The default does nothing: discarding is advice, never needed for
+    /// correctness, and the engine ignores its errors.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
     /// The file descriptor a batch ([`batch::run`]) may drive directly through io_uring, for
     /// drives that are a file or block device and nothing more; None (the default) makes a
     /// batch call the methods above, so wrappers that inject faults or record writes see

@@ -1,4 +1,4 @@
-//! A drive wrapper that records every write and flush of a set of drives into one ordered log,
+//! A drive wrapper that records every write, flush and discard of a set of drives into one ordered log,
 //! so a crash-point test can rebuild the drive images as they stood at any point in time.
 
 use super::{Drive, DriveInfo, DriveRef};
@@ -17,6 +17,9 @@ pub enum DriveOp {
     },
     /// A completed flush of drive `drive`.
     Flush { drive: usize },
+    /// A discard of `len` bytes at `offset` on drive `drive` (an image rebuilt from the log
+    /// zeroes them: the harshest thing a discard may do).
+    Discard { drive: usize, offset: u64, len: u64 },
 }
 
 /// The shared, ordered log of every recorded drive's operations.
@@ -78,6 +81,17 @@ impl Drive for RecordingDrive {
             drive: self.index,
             offset,
             data: buf.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut ops = self.log.ops.lock();
+        self.inner.discard(offset, len)?;
+        ops.push(DriveOp::Discard {
+            drive: self.index,
+            offset,
+            len,
         });
         Ok(())
     }

@@ -6,7 +6,10 @@
 //! mapped blocks, so a dense volume costs 8 bytes per block and a sparse one 24 at worst.
 //!
 //! The checkpoint has its own version, [`CHECKPOINT_VERSION`]: version 2 added the space each
-//! segment's stripes took (what the cleaner measures live data against). Version 1 (the pool
+//! segment's stripes took (what the cleaner measures live data against). Version 3 has the
+//! same layout and says the log after it may hold segment-free and relocation records (kinds
+//! 7 and 8), which a build that reads only up to version 2 would take for a torn log and cut
+//! short: the version makes such a build refuse the pool instead. Version 1 (the pool
 //! format's first) is still read; its segments' space is unknown until they are rewritten.
 
 use super::bytes::{Reader, Writer};
@@ -14,7 +17,7 @@ use crate::error::{Error, Result};
 
 const CP_MAGIC: [u8; 4] = *b"FPCP";
 /// The version this build writes.
-pub const CHECKPOINT_VERSION: u32 = 2;
+pub const CHECKPOINT_VERSION: u32 = 3;
 /// The oldest version this build reads (no segment space).
 const CHECKPOINT_VERSION_1: u32 = 1;
 const END_OF_RUNS: u64 = u64::MAX;
@@ -238,8 +241,8 @@ mod tests {
         assert!(img.segment_space.is_empty());
         assert_eq!(img.volumes[0].runs, vec![(1, vec![0xC000_0000_0000_0001])]);
         let mut future = w.buf.clone();
-        future[4..8].copy_from_slice(&3u32.to_le_bytes());
+        future[4..8].copy_from_slice(&4u32.to_le_bytes());
         let err = CheckpointImage::decode(&future).unwrap_err().to_string();
-        assert!(err.contains("checkpoint version 3"), "{err}");
+        assert!(err.contains("checkpoint version 4"), "{err}");
     }
 }

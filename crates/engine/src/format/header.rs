@@ -58,6 +58,12 @@ impl ChunkLoc {
 pub enum Record {
     /// Volume block `lba` is stored in data chunk `chunk` at byte `offset` (a 32-byte multiple),
     /// `len` bytes long, with CRC32C `crc` of those bytes.
+    ///
+    /// `from`: a relocation (the cleaner, a rebuild, a repair) moved the block from the
+    /// location whose encoded map entry this is, and applies only while the block is still
+    /// there. A host write into an older stripe (opened before the relocation's, filled after
+    /// it) may come later in time but earlier in the log: replaying the move unconditionally
+    /// would bring the old contents back. Kind 1 without, kind 8 with.
     Write {
         vol: u32,
         lba: u64,
@@ -66,7 +72,12 @@ pub enum Record {
         len: u16,
         flags: u8,
         crc: u32,
+        from: Option<u64>,
     },
+    /// Segment `segment` is free from this point of the log on: the cleaner emptied it, the
+    /// latest checkpoint covers every stripe it held, and the moves of its blocks come before
+    /// this record. Recovery scans it for newer stripes from here (it may be written again).
+    SegmentFree { segment: u32 },
     /// Blocks `[lba, lba + count)` of a volume now read as zeros.
     Trim { vol: u32, lba: u64, count: u64 },
     /// A volume was created (`compression`: 0 off, 1 lz4, 2 zstd).
@@ -88,9 +99,12 @@ impl Record {
     /// Encoded length in bytes.
     pub fn encoded_len(&self) -> usize {
         match self {
-            Record::Write { .. } | Record::Trim { .. } => 24,
+            Record::Write { from: None, .. } | Record::Trim { .. } => 24,
+            Record::Write { from: Some(_), .. } => 32,
             Record::VolumeCreate { name, .. } => 16 + name.len().div_ceil(8) * 8,
-            Record::VolumeDelete { .. } | Record::VolumeCompression { .. } => 8,
+            Record::VolumeDelete { .. }
+            | Record::VolumeCompression { .. }
+            | Record::SegmentFree { .. } => 8,
             Record::VolumeResize { .. } => 16,
         }
     }
@@ -105,9 +119,11 @@ impl Record {
                 len,
                 flags,
                 crc,
+                from,
             } => {
                 debug_assert!(offset % 32 == 0 && *offset < (1 << 21));
-                w.u8(1);
+                debug_assert!(*from != Some(0), "a relocation moves a mapped block");
+                w.u8(if from.is_some() { 8 } else { 1 });
                 w.u8(*chunk);
                 w.u8(*flags);
                 w.u8(0);
@@ -116,6 +132,13 @@ impl Record {
                 w.u16((offset / 32) as u16);
                 w.u16(*len);
                 w.u32(*crc);
+                if let Some(f) = from {
+                    w.u64(*f);
+                }
+            }
+            Record::SegmentFree { segment } => {
+                w.bytes(&[7, 0, 0, 0]);
+                w.u32(*segment);
             }
             Record::Trim { vol, lba, count } => {
                 w.bytes(&[2, 0, 0, 0]);
@@ -157,7 +180,7 @@ impl Record {
     fn decode(r: &mut Reader) -> Result<Record> {
         let kind = r.u8()?;
         Ok(match kind {
-            1 => {
+            1 | 8 => {
                 let chunk = r.u8()?;
                 let flags = r.u8()?;
                 r.u8()?;
@@ -169,6 +192,14 @@ impl Record {
                 if len == 0 || len as usize > BLOCK + 32 {
                     return Err(Error::corrupt(format!("write record of {len} bytes")));
                 }
+                let from = if kind == 8 {
+                    match r.u64()? {
+                        0 => return Err(Error::corrupt("relocation of an unmapped block")),
+                        f => Some(f),
+                    }
+                } else {
+                    None
+                };
                 Record::Write {
                     vol,
                     lba,
@@ -177,7 +208,12 @@ impl Record {
                     len,
                     flags,
                     crc,
+                    from,
                 }
+            }
+            7 => {
+                r.take(3)?;
+                Record::SegmentFree { segment: r.u32()? }
             }
             2 => {
                 r.take(3)?;
@@ -428,7 +464,19 @@ mod tests {
                         len: 4096,
                         flags: 0,
                         crc: 3,
+                        from: None,
                     },
+                    Record::Write {
+                        vol: 1,
+                        lba: 6,
+                        chunk: 1,
+                        offset: 96,
+                        len: 1024,
+                        flags: 1,
+                        crc: 4,
+                        from: Some(0xC000_0000_0100_0007),
+                    },
+                    Record::SegmentFree { segment: 11 },
                     Record::Trim {
                         vol: 1,
                         lba: 9,
