@@ -47,6 +47,7 @@ CHECKS=(
     "tls:check-tls.sh"
     "metrics:check-metrics.sh"
     "http-api:check-http-api.sh"
+    "sim-drives:check-sim-drives.sh"
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"

@@ -126,6 +126,22 @@ pub fn status_json(
             })
         },
         "write_amplification_window": window.map_or(serde_json::Value::Null, |w| w.json(&stats)),
+        // Where the members can tell what their media did (simulated SSDs): host write to
+        // media program, the pool's factor times the devices'.
+        "end_to_end": match pool.media_counters() {
+            None => serde_json::Value::Null,
+            Some(m) => serde_json::json!({
+                "host_write_bytes": stats.host_write_bytes,
+                "drive_written_bytes": m.written_bytes,
+                "media_programmed_bytes": m.programmed_bytes,
+                "device_moved_bytes": m.moved_bytes,
+                "erases": m.erases,
+                "discarded_bytes": m.discarded_bytes,
+                "device_waf": if m.written_bytes == 0 { serde_json::Value::Null } else { serde_json::json!(m.device_waf()) },
+                "waf": if stats.host_write_bytes == 0 { serde_json::Value::Null } else {
+                    serde_json::json!(m.programmed_bytes as f64 / stats.host_write_bytes as f64) },
+            }),
+        },
         "rebuild": {
             "needed": pool.needs_rebuild(), "running": rb.running,
             "state": if rb.running { "running" } else if !pool.needs_rebuild() { "idle" }

@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// Instead of IOPS: steady-state write amplification vs spare space (bench_waf.rs).
     #[arg(long)]
     pub waf: bool,
+    /// With --waf: the pool measured (small segments, or the defaults `serve` uses).
+    #[arg(long, value_enum, default_value = "small", requires = "waf")]
+    pub waf_geometry: bench_waf::WafGeometry,
 }
 
 /// Times recovery of a full pool whose log holds a whole checkpoint interval past the last
@@ -147,7 +150,7 @@ fn memcpy_iops(threads: usize, ops: u64, blocks: u64) -> f64 {
 /// Runs `flashpool bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.waf {
-        return bench_waf::run(a.json);
+        return bench_waf::run(a.json, a.waf_geometry);
     }
     if let Some(cap) = a.recovery {
         return recovery(cap, a.dir.as_deref());

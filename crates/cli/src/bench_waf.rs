@@ -3,7 +3,8 @@
 //! greedy cleaning under uniform random writes.
 //!
 //! Setup: a 4+1 pool on memory drives with small segments (32 KiB chunks, 1 MiB segments), so
-//! the run holds many segments and reaches steady state in seconds. Compression is off, so host
+//! the run holds many segments and reaches steady state in seconds; or (`--waf-geometry
+//! default`) the pool's default chunks and segments on larger drives. Compression is off, so host
 //! bytes and media bytes mean what they say. The pool's real usable capacity `C` is measured
 //! once by filling a fresh pool until ENOSPC (it is below `capacity_bytes`: chunk headers and
 //! the segments reserved for checkpoints and the cleaner). Each run then fills a volume of
@@ -30,16 +31,57 @@ use std::time::Instant;
 
 const K: usize = 4;
 const M: usize = 1;
-const DRIVE_SIZE: u64 = 384 << 20;
 const BLOCK: u64 = 4096;
-const SEGMENT_SIZE: u64 = 1 << 20;
-/// Free segments, beyond those left at ENOSPC, below which the bench's cleaner runs (the
-/// `serve` cleaner's role, inline so the run is deterministic). Each round asks the engine for
-/// one more free segment than it found (`Pool::gc(free)`). The segments a round empties become
-/// free only at a checkpoint (which writes the whole map), so the round size trades spare space
-/// (room for the round's relocations) against checkpoint metadata. With 0 here, only the
-/// engine's foreground cleaning at its low watermark runs.
-const CLEAN_AT: usize = 12;
+
+/// The pool a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WafGeometry {
+    /// 32 KiB chunks, 1 MiB segments, five 384 MiB drives (383 segments): steady state in
+    /// seconds.
+    Small,
+    /// The pool's defaults (128 KiB chunks, 32 MiB segments) on five 2 GiB drives (63
+    /// segments): what `flashpool serve` runs, at 10 GiB of memory and minutes per run.
+    Default,
+}
+
+impl WafGeometry {
+    fn drive_size(self) -> u64 {
+        match self {
+            WafGeometry::Small => 384 << 20,
+            WafGeometry::Default => (2 << 30) + (1 << 20),
+        }
+    }
+
+    fn config(self) -> PoolConfig {
+        match self {
+            WafGeometry::Small => PoolConfig {
+                k: K,
+                m: M,
+                chunk_size: 32 << 10,
+                segment_size: 1 << 20,
+                ..PoolConfig::default()
+            },
+            WafGeometry::Default => PoolConfig {
+                k: K,
+                m: M,
+                ..PoolConfig::default()
+            },
+        }
+    }
+
+    /// Free segments, beyond those left at ENOSPC, below which the bench's cleaner runs (the
+    /// `serve` cleaner's role, inline so the run is deterministic). Each round asks the engine
+    /// for one more free segment than it found (`Pool::gc(free)`). With 0, only the engine's
+    /// foreground cleaning at its low watermark would run. About 3 % of the segments for the
+    /// small geometry, 6 % (of fewer, larger ones) for the default.
+    fn clean_at(self) -> usize {
+        match self {
+            WafGeometry::Small => 12,
+            WafGeometry::Default => 4,
+        }
+    }
+}
+
 /// Most of the usable space the initial sequential fill covers.
 const FILL_MAX: f64 = 0.8;
 /// Host writes between checks of the free-segment count.
@@ -59,12 +101,13 @@ fn write_and_clean(
     data: &[u8],
     i: u64,
     free_at_full: usize,
+    clean_at: usize,
 ) -> Result<()> {
     vol.write(off, data)?;
     if i.is_multiple_of(CHECK_EVERY) {
         loop {
             let free = pool.info().free_segments;
-            if free >= free_at_full + CLEAN_AT {
+            if free >= free_at_full + clean_at {
                 break;
             }
             pool.gc(free)?;
@@ -76,25 +119,15 @@ fn write_and_clean(
     Ok(())
 }
 
-fn config() -> PoolConfig {
-    PoolConfig {
-        k: K,
-        m: M,
-        chunk_size: 32 << 10,
-        segment_size: SEGMENT_SIZE,
-        ..PoolConfig::default()
-    }
-}
-
-fn new_pool() -> Result<Pool> {
+fn new_pool(g: WafGeometry) -> Result<Pool> {
     let drives: Vec<DriveRef> = (0..K + M)
         .map(|i| {
-            let d = MemDrive::new(DRIVE_SIZE, format!("mem:{i}"));
+            let d = MemDrive::new(g.drive_size(), format!("mem:{i}"));
             d.prefault();
             Arc::new(d) as DriveRef
         })
         .collect();
-    Ok(Pool::create(drives, &config())?)
+    Ok(Pool::create(drives, &g.config())?)
 }
 
 struct Rng(u64);
@@ -136,8 +169,8 @@ pub fn model_wa_gc(rho: f64) -> f64 {
 
 /// Usable data capacity: 4 KiB blocks written sequentially into a fresh pool until ENOSPC.
 /// Returns (bytes, free segments at ENOSPC).
-fn usable_capacity() -> Result<(u64, usize)> {
-    let pool = new_pool()?;
+fn usable_capacity(g: WafGeometry) -> Result<(u64, usize)> {
+    let pool = new_pool(g)?;
     let cap = pool.info().capacity_bytes;
     pool.create_volume_with("probe", cap, Compression::Off)?;
     let vol = pool.volume("probe")?;
@@ -167,11 +200,15 @@ struct Counts {
     host: u64,
     data: u64,
     parity: u64,
+    /// Checkpoints and superblocks.
     meta: u64,
+    /// Chunk headers of data stripes.
+    hdr: u64,
     pad: u64,
     reloc: u64,
     checkpoints: u64,
     cleaned: u64,
+    freed_by_log: u64,
 }
 
 impl Counts {
@@ -180,11 +217,13 @@ impl Counts {
             host: s.host_write_bytes,
             data: s.media_data_bytes,
             parity: s.media_parity_bytes,
-            meta: s.media_metadata_bytes,
+            meta: s.media_checkpoint_bytes,
+            hdr: s.media_metadata_bytes - s.media_checkpoint_bytes,
             pad: s.media_padding_bytes,
             reloc: s.gc_relocated_bytes,
             checkpoints: s.checkpoints,
             cleaned: s.gc_segments_cleaned,
+            freed_by_log: s.segments_freed_by_log,
         }
     }
     fn minus(&self, o: &Counts) -> Counts {
@@ -193,14 +232,21 @@ impl Counts {
             data: self.data - o.data,
             parity: self.parity - o.parity,
             meta: self.meta - o.meta,
+            hdr: self.hdr - o.hdr,
             pad: self.pad - o.pad,
             reloc: self.reloc - o.reloc,
             checkpoints: self.checkpoints - o.checkpoints,
             cleaned: self.cleaned - o.cleaned,
+            freed_by_log: self.freed_by_log - o.freed_by_log,
         }
     }
     fn wa(&self) -> f64 {
-        (self.data + self.parity + self.meta + self.pad) as f64 / self.host as f64
+        (self.data + self.parity + self.meta + self.hdr + self.pad) as f64 / self.host as f64
+    }
+    /// What relocation and parity alone cost, with the chunk headers those stripes need:
+    /// data × (1 + m/k) + headers, per host byte.
+    fn ideal(&self) -> f64 {
+        (self.data as f64 * (K + M) as f64 / K as f64 + self.hdr as f64) / self.host as f64
     }
 }
 
@@ -213,14 +259,16 @@ struct Outcome {
 }
 
 fn one_run(
+    g: WafGeometry,
     spare: f64,
     policy: GcPolicy,
     usable: u64,
     free_at_full: usize,
     seed: u64,
 ) -> Result<Outcome> {
-    let pool = new_pool()?;
+    let pool = new_pool(g)?;
     pool.set_gc_policy(policy);
+    let clean_at = g.clean_at();
     let info = pool.info();
     let seg_cap = info.capacity_bytes / info.segment_count as u64;
     let blocks = ((1.0 - spare) * usable as f64) as u64 / BLOCK;
@@ -245,14 +293,14 @@ fn one_run(
             // Blocks the random writes have not reached yet get written now, so the live data
             // is the whole volume (constant) from here on.
             for b in (0..blocks).filter(|&b| !written[b as usize]) {
-                write_and_clean(&pool, &vol, b * BLOCK, &data, 0, free_at_full)
+                write_and_clean(&pool, &vol, b * BLOCK, &data, 0, free_at_full, clean_at)
                     .with_context(|| format!("completing the fill, block {b}"))?;
             }
         }
         let b = rng.next() % blocks;
         written[b as usize] = true;
         let off = b * BLOCK;
-        write_and_clean(&pool, &vol, off, &data, i, free_at_full).with_context(|| {
+        write_and_clean(&pool, &vol, off, &data, i, free_at_full, clean_at).with_context(|| {
             let f = pool.info();
             format!(
                 "warm-up write {i} of {}: {} free segments, {} MiB live",
@@ -268,7 +316,7 @@ fn one_run(
     let n = WINDOW * blocks;
     for i in 0..n {
         let off = (rng.next() % blocks) * BLOCK;
-        write_and_clean(&pool, &vol, off, &data, i, free_at_full)
+        write_and_clean(&pool, &vol, off, &data, i, free_at_full, clean_at)
             .with_context(|| format!("measured write {i} of {n}"))?;
         if i.is_multiple_of(SAMPLE_EVERY) {
             let f = pool.info();
@@ -297,17 +345,20 @@ fn one_run(
 }
 
 /// Runs `flashpool bench --waf`.
-pub fn run(json: bool) -> Result<()> {
+pub fn run(json: bool, g: WafGeometry) -> Result<()> {
     let t = Instant::now();
-    let (usable, free_at_full) = usable_capacity()?;
-    let info = new_pool()?.info();
+    let (usable, free_at_full) = usable_capacity(g)?;
+    let info = new_pool(g)?.info();
+    let cfg = g.config();
+    let clean_at = g.clean_at();
     if !json {
         println!(
-            "pool: {K}+{M} on {} memory drives of {} MiB, chunk 32 KiB, segment {} KiB ({} segments), \
+            "pool: {K}+{M} on {} memory drives of {} MiB, chunk {} KiB, segment {} KiB ({} segments), \
              compression off; capacity_bytes {} MiB, usable (filled to ENOSPC) {:.1} MiB, {} free segments at ENOSPC ({:.1} s)",
             K + M,
-            DRIVE_SIZE >> 20,
-            SEGMENT_SIZE >> 10,
+            g.drive_size() >> 20,
+            cfg.chunk_size >> 10,
+            cfg.segment_size >> 10,
             info.segment_count,
             info.capacity_bytes >> 20,
             usable as f64 / (1 << 20) as f64,
@@ -315,14 +366,14 @@ pub fn run(json: bool) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         println!(
-            "cleaner: while fewer than {} segments are free ({CLEAN_AT} beyond ENOSPC's), Pool::gc(free) rounds of one segment net each (checked every {CHECK_EVERY} writes)",
-            free_at_full + CLEAN_AT,
+            "cleaner: while fewer than {} segments are free ({clean_at} beyond ENOSPC's), Pool::gc(free) rounds of one segment net each (checked every {CHECK_EVERY} writes)",
+            free_at_full + clean_at,
         );
         println!(
             "window: {WINDOW} volume sizes of uniform random 4 KiB overwrites after {WARMUP} of warm-up; WA = media bytes / host bytes"
         );
         println!(
-            "{:>5} {:<12} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} {:>6}",
+            "{:>5} {:<12} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>5} {:>5} {:>6}",
             "spare",
             "policy",
             "rho",
@@ -332,22 +383,31 @@ pub fn run(json: bool) -> Result<()> {
             "data",
             "GC",
             "parity",
+            "hdr",
             "meta",
             "pad",
+            "WA/id",
             "model",
             "meas/m",
             "mod(1-s)",
             "cp",
             "segs",
+            "bylog",
             "secs"
         );
     }
     for spare in [0.10, 0.20, 0.30] {
-        for (name, policy) in [
-            ("greedy", GcPolicy::Greedy),
-            ("cost-benefit", GcPolicy::CostBenefit),
-        ] {
-            let o = match one_run(spare, policy, usable, free_at_full, 42) {
+        // Under uniform random writes the policies agree (every block is equally hot); the
+        // default geometry's long runs measure greedy only.
+        let policies: &[(&str, GcPolicy)] = match g {
+            WafGeometry::Small => &[
+                ("greedy", GcPolicy::Greedy),
+                ("cost-benefit", GcPolicy::CostBenefit),
+            ],
+            WafGeometry::Default => &[("greedy", GcPolicy::Greedy)],
+        };
+        for &(name, policy) in policies {
+            let o = match one_run(g, spare, policy, usable, free_at_full, 42) {
                 Ok(o) => o,
                 Err(e) => {
                     if json {
@@ -366,7 +426,9 @@ pub fn run(json: bool) -> Result<()> {
             let gc = o.d.reloc as f64 / h;
             let parity = o.d.parity as f64 / h;
             let meta = o.d.meta as f64 / h;
+            let hdr = o.d.hdr as f64 / h;
             let pad = o.d.pad as f64 / h;
+            let vs_ideal = o.d.wa() / o.d.ideal();
             let model = model_wa_gc(o.rho_eff);
             let nominal = model_wa_gc(1.0 - spare);
             if json {
@@ -376,14 +438,16 @@ pub fn run(json: bool) -> Result<()> {
                         "usable_bytes": usable, "host_bytes": o.d.host, "wa": o.d.wa(),
                         "wa_first_half": o.first_half_wa, "wa_second_half": o.second_half_wa,
                         "wa_data": wa_data, "gc_relocated_per_host": gc, "parity_per_host": parity,
-                        "metadata_per_host": meta, "padding_per_host": pad,
+                        "metadata_per_host": meta, "chunk_headers_per_host": hdr,
+                        "padding_per_host": pad, "wa_over_ideal": vs_ideal,
+                        "segments_freed_by_log": o.d.freed_by_log,
                         "model_wa_gc": model, "measured_over_model": wa_data / model,
                         "model_wa_gc_nominal": nominal, "checkpoints": o.d.checkpoints,
                         "segments_cleaned": o.d.cleaned, "seconds": o.secs})
                 );
             } else {
                 println!(
-                    "{:>4.0}% {:<12} {:>7.4} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>7.4} {:>7.3} {:>7.3} {:>7.3} {:>6} {:>5} {:>6.1}",
+                    "{:>4.0}% {:<12} {:>7.4} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.4} {:>7.4} {:>6.3} {:>7.3} {:>7.3} {:>7.3} {:>6} {:>5} {:>5} {:>6.1}",
                     spare * 100.0,
                     name,
                     o.rho_eff,
@@ -393,13 +457,16 @@ pub fn run(json: bool) -> Result<()> {
                     wa_data,
                     gc,
                     parity,
+                    hdr,
                     meta,
                     pad,
+                    vs_ideal,
                     model,
                     wa_data / model,
                     nominal,
                     o.d.checkpoints,
                     o.d.cleaned,
+                    o.d.freed_by_log,
                     o.secs
                 );
             }
@@ -409,10 +476,12 @@ pub fn run(json: bool) -> Result<()> {
         println!(
             "columns: rho = live / space the cleaner works with (usable less the free segments it keeps on average \
              beyond those at ENOSPC); WA = all media bytes / host bytes (1st/2, 2nd/2: halves of the window); \
-             data = data bytes / host (= 1 + GC); GC = relocated / host; parity, meta, pad = their bytes / host; \
+             data = data bytes / host (= 1 + GC); GC = relocated / host; parity, hdr (chunk headers of data stripes), \
+             meta (checkpoints and superblocks), pad = their bytes / host; WA/id = WA / (data x (k+m)/k + hdr), \
+             what relocation and parity alone cost with their headers; \
              model = 1/(1-u), u = exp(-(1-u)/rho) (Desnoyers SYSTOR 2012, greedy/LRW under uniform random writes); \
-             meas/m = data / model; mod(1-s) = the model at rho = 1 - spare; cp = checkpoints and segs = segments \
-             cleaned in the window; total {:.1} s",
+             meas/m = data / model; mod(1-s) = the model at rho = 1 - spare; cp = checkpoints, segs = segments \
+             cleaned and bylog = segments freed by log records in the window; total {:.1} s",
             t.elapsed().as_secs_f64()
         );
     }

@@ -16,6 +16,7 @@ mod ops;
 mod scrub;
 mod serve;
 mod sim;
+mod sim_drive;
 mod size;
 mod status;
 mod volume;

@@ -70,6 +70,12 @@ pub struct ServeArgs {
     /// Memory drives instead of files (benchmarks; nothing survives exit).
     #[arg(long)]
     pub memory: bool,
+    /// Simulated SSDs instead of files: a `flashpool sim` preset name (slc, mlc, tlc, qlc,
+    /// small) or a simulator TOML file, scaled to --drive-size. Data in memory (nothing
+    /// survives exit); each drive's FTL counts NAND programs, GC moves and erases, and
+    /// `status` shows the end-to-end write amplification. Untimed: no NAND latency yet.
+    #[arg(long, value_name = "PRESET|FILE")]
+    pub sim_drives: Option<String>,
     /// Seconds a failed drive gets to come back (a transient fault) before its data is
     /// rebuilt onto the other drives.
     #[arg(long, default_value_t = 30)]
@@ -270,14 +276,22 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     if a.memory && !a.drive.is_empty() {
         anyhow::bail!("--memory and --drive exclude each other");
     }
+    let sim = match &a.sim_drives {
+        None => None,
+        Some(_) if !a.drive.is_empty() || a.memory => {
+            anyhow::bail!("--sim-drives excludes --memory and --drive")
+        }
+        Some(p) => Some(crate::sim_drive::load_config(p)?),
+    };
     let req = OpenRequest {
         shape: PoolShape {
             drives: a.drives.unwrap_or(5),
             k: a.ec.0,
             m: a.ec.1,
             drive_size: a.drive_size,
-            memory: a.memory,
+            memory: a.memory || sim.is_some(),
             sparse: a.sparse,
+            sim,
         },
         default_volume: a.volume_size,
         drives: a.drive.clone(),

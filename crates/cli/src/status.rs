@@ -97,6 +97,17 @@ pub fn run(a: StatusArgs) -> Result<()> {
             w["padding"].as_f64().unwrap_or(0.0)
         );
     }
+    let e = &v["end_to_end"];
+    if !e.is_null() {
+        match (e["waf"].as_f64(), e["device_waf"].as_f64()) {
+            (Some(t), Some(d)) => println!(
+                "end-to-end write amplification (host write to media program) {t:.3}: the drives' own {d:.3} on top of the pool's; {} erases, {} MiB discarded",
+                e["erases"],
+                e["discarded_bytes"].as_u64().unwrap_or(0) >> 20
+            ),
+            _ => println!("end-to-end write amplification: no host writes yet"),
+        }
+    }
     let ww = &v["write_amplification_window"];
     if let Some(t) = ww["total"].as_f64() {
         println!(

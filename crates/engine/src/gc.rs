@@ -74,6 +74,11 @@ impl Inner {
     /// The space (data and parity bytes) a data stripe takes in its segment: what
     /// `written_slots` adds up, when the stripe completes and when recovery replays it.
     pub(crate) fn stripe_space(chunks: &[ChunkLoc], w: usize, m: usize) -> u64 {
+        if w == 0 {
+            // Records only (a segment-free record, a trim): the room its chunks take, so a
+            // segment holding only such stripes is not mistaken for one of unknown space.
+            return chunks.iter().map(|c| c.end() - c.offset).sum();
+        }
         let data: u64 = chunks[..w].iter().map(|c| c.len as u64).sum();
         // The data's share of the stripe's space, parity included: the cleaner compares live
         // bytes with what that space holds at the width stripes have later.

@@ -844,6 +844,20 @@ impl Pool {
         self.inner.drives_complete_inline()
     }
 
+    /// The members' own media counters summed, when every member in service reports them
+    /// (simulated SSDs): with the pool's host bytes, the end-to-end write amplification from
+    /// host write to media program. None when any member cannot tell.
+    pub fn media_counters(&self) -> Option<crate::drive::MediaCounters> {
+        let mut sum = crate::drive::MediaCounters::default();
+        let mut any = false;
+        for slot in self.inner.drives.iter() {
+            let Some(d) = slot.usable() else { continue };
+            sum.add(&d.media_counters()?);
+            any = true;
+        }
+        any.then_some(sum)
+    }
+
     fn stop_stripe_writers(&self) {
         if let Some(q) = self.inner.stripe_queue.get() {
             q.stop();
@@ -1154,6 +1168,7 @@ impl Inner {
                 Ok(()) => {
                     ok += 1;
                     Stats::add(&self.stats.media_metadata_bytes, 4096);
+                    Stats::add(&self.stats.media_checkpoint_bytes, 4096);
                 }
                 Err(e) => self.fail_drive(i, &e),
             }

@@ -84,6 +84,9 @@ counters! {
     media_parity_bytes,
     /// Bytes of metadata written to drives: chunk headers, checkpoints, superblocks.
     media_metadata_bytes,
+    /// The part of `media_metadata_bytes` that is checkpoints (their stripes whole, headers
+    /// and parity included) and superblocks; the rest is the chunk headers of data stripes.
+    media_checkpoint_bytes,
     /// Bytes written only to fill alignment (zero today: chunks are written at their length).
     media_padding_bytes,
     /// Bytes read from drives for any reason.

@@ -116,6 +116,7 @@ impl Inner {
                         let body = (cw.len - cw.hdr) as u64;
                         if s.kind == StripeKind::Checkpoint {
                             Stats::add(&st.media_metadata_bytes, body);
+                            Stats::add(&st.media_checkpoint_bytes, cw.len as u64);
                         } else if cw.parity {
                             Stats::add(&st.media_parity_bytes, body);
                         } else {

@@ -38,6 +38,8 @@ pub struct PoolShape {
     pub memory: bool,
     /// Leave new drive files sparse instead of allocating them.
     pub sparse: bool,
+    /// With `memory`: simulated SSDs of this device (scaled to `drive_size`).
+    pub sim: Option<flashpool_sim::SimConfig>,
 }
 
 impl Default for PoolShape {
@@ -49,6 +51,7 @@ impl Default for PoolShape {
             drive_size: 1 << 30,
             memory: false,
             sparse: false,
+            sim: None,
         }
     }
 }
@@ -350,6 +353,8 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     if !req.drives.is_empty() {
         bail!("--memory and --drive exclude each other");
     }
+    // Nothing of the pool is kept there, but the admin socket lives in it.
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if shape.k + shape.m > shape.drives {
         bail!(
             "protection {}+{} needs at least {} drives, --drives is {}",
@@ -358,6 +363,23 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
             shape.k + shape.m,
             shape.drives
         );
+    }
+    if let Some(cfg) = &shape.sim {
+        let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size);
+        let drives = (0..shape.drives)
+            .map(|i| {
+                crate::sim_drive::SimDrive::new(&cfg, format!("sim:{i}"))
+                    .map(|d| Arc::new(d) as DriveRef)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
+        pool.create_volume("default", req.default_volume)?;
+        return Ok(DataDir {
+            pool,
+            dir: dir.to_owned(),
+            created: true,
+            _lock: None,
+        });
     }
     let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
         .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))

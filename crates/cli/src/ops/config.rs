@@ -34,6 +34,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "size")]
     pub volume_size: Option<u64>,
     pub memory: Option<bool>,
+    pub sim_drives: Option<String>,
     pub rebuild_delay: Option<u64>,
     #[serde(default, deserialize_with = "busy_poll")]
     pub busy_poll_us: Option<u64>,
@@ -266,6 +267,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(drive_size);
     set!(volume_size);
     switch!(memory);
+    set!(sim_drives, Some);
     set!(rebuild_delay);
     set!(busy_poll_us);
     set!(rebuild_reserve);

@@ -61,6 +61,48 @@ pub trait Drive: Send + Sync {
     fn completes_inline(&self) -> bool {
         false
     }
+    /// What the device did with what it was given, for drives that can tell (a simulated
+    /// SSD now; NVMe SMART data units later): the pool's end-to-end write amplification is
+    /// media bytes programmed over host bytes. None (the default): unknown.
+    fn media_counters(&self) -> Option<MediaCounters> {
+        None
+    }
+}
+
+/// A drive's own account of its media (see [`Drive::media_counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MediaCounters {
+    /// Bytes the drive was asked to write (whole device pages: a partial page costs one).
+    pub written_bytes: u64,
+    /// Bytes programmed into the media: host pages plus the device's own GC and wear-leveling
+    /// moves.
+    pub programmed_bytes: u64,
+    /// Bytes the device's GC and wear leveling moved.
+    pub moved_bytes: u64,
+    /// Blocks erased.
+    pub erases: u64,
+    /// Bytes the drive was told to discard (whole pages only).
+    pub discarded_bytes: u64,
+}
+
+impl MediaCounters {
+    /// The device's write amplification: programmed / written (0 before any write).
+    pub fn device_waf(&self) -> f64 {
+        if self.written_bytes == 0 {
+            0.0
+        } else {
+            self.programmed_bytes as f64 / self.written_bytes as f64
+        }
+    }
+
+    /// Adds another drive's counters.
+    pub fn add(&mut self, o: &MediaCounters) {
+        self.written_bytes += o.written_bytes;
+        self.programmed_bytes += o.programmed_bytes;
+        self.moved_bytes += o.moved_bytes;
+        self.erases += o.erases;
+        self.discarded_bytes += o.discarded_bytes;
+    }
 }
 
 /// A shared drive handle.
