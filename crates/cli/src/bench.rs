@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[path = "bench_waf.rs"]
-mod bench_waf;
+pub(crate) mod bench_waf;
 
 /// Arguments of `flashpool bench`.
 #[derive(Args, Debug)]

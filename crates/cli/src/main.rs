@@ -13,6 +13,7 @@ mod drive;
 mod export;
 mod nvme;
 mod ops;
+mod pool_vs_raid5;
 mod scrub;
 mod serve;
 mod sim;

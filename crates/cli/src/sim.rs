@@ -130,7 +130,8 @@ struct ReplayArgs {
 
 #[derive(Args)]
 struct ExperimentArgs {
-    /// scaling, die-bandwidth, waf-vs-op, write-cliff, suspension or trace.
+    /// scaling, die-bandwidth, waf-vs-op, write-cliff, suspension, trace, or pool-vs-raid5
+    /// (a pool, an in-place RAID5 and plain drives on the same simulated SSDs).
     name: String,
     /// Output directory.
     #[arg(long)]
@@ -378,13 +379,33 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
-    let exp = Experiment::from_name(&a.name)?;
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut log = |msg: &str| {
         if std::io::stderr().is_terminal() {
             eprintln!("  {msg}");
         }
     };
+    if a.name == "pool-vs-raid5" {
+        // Pool and simulator together: lives here, where both are known.
+        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+        let (res, outcomes) = crate::pool_vs_raid5::run(a.quick, &mut log)?;
+        let json = a.out.join("pool-vs-raid5.json");
+        std::fs::write(&json, serde_json::to_string_pretty(&outcomes)?)
+            .with_context(|| format!("writing {}", json.display()))?;
+        let csv = a.out.join("pool-vs-raid5.csv");
+        std::fs::write(&csv, res.csv()).with_context(|| format!("writing {}", csv.display()))?;
+        let svg = a.out.join("pool-vs-raid5.svg");
+        plot(&res, &svg)?;
+        print!("{}", res.table());
+        println!(
+            "wrote {}, {} and {}",
+            json.display(),
+            csv.display(),
+            svg.display()
+        );
+        return Ok(());
+    }
+    let exp = Experiment::from_name(&a.name).map_err(|e| anyhow::anyhow!("{e}, pool-vs-raid5"))?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let res = if exp == Experiment::Trace {
         trace_experiment(&a, &mut log)?
     } else {

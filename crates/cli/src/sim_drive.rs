@@ -47,6 +47,7 @@ pub struct SimDrive {
     size: u64,
     identity: String,
     discarded_pages: std::sync::atomic::AtomicU64,
+    read_pages: std::sync::atomic::AtomicU64,
 }
 
 impl SimDrive {
@@ -69,6 +70,7 @@ impl SimDrive {
             size,
             identity,
             discarded_pages: Default::default(),
+            read_pages: Default::default(),
         })
     }
 
@@ -99,7 +101,11 @@ impl Drive for SimDrive {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.data.read_at(offset, buf)
+        self.data.read_at(offset, buf)?;
+        let pages = (offset + buf.len() as u64).div_ceil(self.page) - offset / self.page;
+        self.read_pages
+            .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
@@ -150,6 +156,7 @@ impl Drive for SimDrive {
                 .discarded_pages
                 .load(std::sync::atomic::Ordering::Relaxed)
                 * self.page,
+            read_bytes: self.read_pages.load(std::sync::atomic::Ordering::Relaxed) * self.page,
         })
     }
 }

@@ -83,6 +83,8 @@ pub struct MediaCounters {
     pub erases: u64,
     /// Bytes the drive was told to discard (whole pages only).
     pub discarded_bytes: u64,
+    /// Bytes the drive was asked to read (whole device pages).
+    pub read_bytes: u64,
 }
 
 impl MediaCounters {
@@ -102,6 +104,7 @@ impl MediaCounters {
         self.moved_bytes += o.moved_bytes;
         self.erases += o.erases;
         self.discarded_bytes += o.discarded_bytes;
+        self.read_bytes += o.read_bytes;
     }
 }
 
