@@ -42,6 +42,13 @@ assert abs(e["waf"] - e["media_programmed_bytes"] / host) < 1e-9, e
 assert e["media_programmed_bytes"] >= e["drive_written_bytes"], e
 assert e["erases"] > 0, "the drives never erased: they were not filled"
 assert e["discarded_bytes"] > 0, "the pool discarded nothing on its drives"
+drives = [d["media"] for d in s["drives"]]
+assert all(m is not None for m in drives), s["drives"]
+assert sum(m["programmed_bytes"] for m in drives) == e["media_programmed_bytes"], drives
+for m in drives:
+    c = m["erase_count"]
+    assert 0 <= c["min"] <= c["mean"] <= c["max"], c
+    assert m["erases"] > 0 and m["device_waf"] >= 1.0, m
 print(f"end-to-end WAF {e['waf']:.3f} = pool {pool_wa:.3f} x drives {e['device_waf']:.3f} "
       f"(+ page rounding); {e['erases']} erases, {e['discarded_bytes'] >> 20} MiB discarded")
 PYEOF

@@ -102,6 +102,14 @@ pub fn status_json(
             "failed_at_unix": f.as_ref().map(|f| f.at_unix_secs),
             "failure": f.as_ref().map(|f| f.reason.clone()),
             "last_seen": record.as_ref().and_then(|(dir, r)| r.last_seen(dir, &d.uuid)).map(|p| p.display().to_string()),
+            "media": d.media.map(|m| serde_json::json!({
+                "written_bytes": m.written_bytes, "programmed_bytes": m.programmed_bytes,
+                "moved_bytes": m.moved_bytes, "read_bytes": m.read_bytes,
+                "discarded_bytes": m.discarded_bytes, "erases": m.erases,
+                "device_waf": m.device_waf(),
+                "erase_count": {"min": m.erase_min, "max": m.erase_max,
+                    "mean": if m.blocks == 0 { 0.0 } else { m.erases as f64 / m.blocks as f64 }},
+            })),
         })).collect::<Vec<_>>(),
         "not_members": pool.ignored_drives().iter().map(|i| serde_json::json!({
             "identity": i.identity, "kind": i.kind, "reason": i.reason, "claims_member": i.claims_member,

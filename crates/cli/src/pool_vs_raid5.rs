@@ -239,6 +239,7 @@ fn delta(a: &[MediaCounters], b: &[MediaCounters]) -> (MediaCounters, Vec<u64>) 
             erases: y.erases - x.erases,
             discarded_bytes: y.discarded_bytes - x.discarded_bytes,
             read_bytes: y.read_bytes - x.read_bytes,
+            ..*y
         };
         erases.push(d.erases);
         sum.add(&d);

@@ -146,7 +146,10 @@ impl Drive for SimDrive {
     }
 
     fn media_counters(&self) -> Option<MediaCounters> {
-        let c = self.ftl.lock().ctr;
+        let ftl = self.ftl.lock();
+        let c = ftl.ctr;
+        let wear = ftl.erase_counts();
+        drop(ftl);
         Some(MediaCounters {
             written_bytes: c.host_pages_written * self.page,
             programmed_bytes: c.flash_pages_programmed * self.page,
@@ -157,6 +160,9 @@ impl Drive for SimDrive {
                 .load(std::sync::atomic::Ordering::Relaxed)
                 * self.page,
             read_bytes: self.read_pages.load(std::sync::atomic::Ordering::Relaxed) * self.page,
+            erase_min: wear.iter().copied().min().unwrap_or(0) as u64,
+            erase_max: wear.iter().copied().max().unwrap_or(0) as u64,
+            blocks: wear.len() as u64,
         })
     }
 }

@@ -152,6 +152,22 @@ pub fn run(a: StatusArgs) -> Result<()> {
             d["state"].as_str().unwrap_or(""),
             d["uuid"].as_str().unwrap_or("")
         );
+        let m = &d["media"];
+        if !m.is_null() {
+            let mib = |k: &str| m[k].as_u64().unwrap_or(0) >> 20;
+            println!(
+                "          media: {} MiB written, {} MiB programmed (device WA {:.3}), {} MiB moved by its GC, {} erases (per block {}-{}, mean {:.1}), {} MiB discarded",
+                mib("written_bytes"),
+                mib("programmed_bytes"),
+                m["device_waf"].as_f64().unwrap_or(0.0),
+                mib("moved_bytes"),
+                m["erases"],
+                m["erase_count"]["min"],
+                m["erase_count"]["max"],
+                m["erase_count"]["mean"].as_f64().unwrap_or(0.0),
+                mib("discarded_bytes")
+            );
+        }
     }
     for i in v["not_members"].as_array().into_iter().flatten() {
         println!(

@@ -324,6 +324,8 @@ pub struct DriveStatus {
     pub identity: String,
     /// The member's UUID, as its superblock records it.
     pub uuid: String,
+    /// The drive's own account of its media, where it can tell (`Drive::media_counters`).
+    pub media: Option<crate::drive::MediaCounters>,
 }
 
 /// Pool-wide facts for `flashpool status` and metrics.
@@ -962,6 +964,7 @@ impl Pool {
                 uuid: members
                     .get(index)
                     .map_or_else(String::new, crate::assembly::uuid_text),
+                media: s.drive.as_ref().and_then(|d| d.media_counters()),
             })
             .collect()
     }

@@ -85,6 +85,11 @@ pub struct MediaCounters {
     pub discarded_bytes: u64,
     /// Bytes the drive was asked to read (whole device pages).
     pub read_bytes: u64,
+    /// Wear: the fewest and the most erases of any one block (0 when unknown), and the
+    /// blocks counted (the mean is `erases / blocks`).
+    pub erase_min: u64,
+    pub erase_max: u64,
+    pub blocks: u64,
 }
 
 impl MediaCounters {
@@ -105,6 +110,13 @@ impl MediaCounters {
         self.erases += o.erases;
         self.discarded_bytes += o.discarded_bytes;
         self.read_bytes += o.read_bytes;
+        self.erase_min = if self.blocks == 0 {
+            o.erase_min
+        } else {
+            self.erase_min.min(o.erase_min)
+        };
+        self.erase_max = self.erase_max.max(o.erase_max);
+        self.blocks += o.blocks;
     }
 }
 
