@@ -111,10 +111,11 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     Ok(())
 }
 
-struct Rng(u64);
+/// xorshift64: the benchmarks' and experiments' deterministic source of offsets and data.
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

@@ -130,16 +130,7 @@ fn new_pool(g: WafGeometry) -> Result<Pool> {
     Ok(Pool::create(drives, &g.config())?)
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use super::Rng;
 
 /// Live fraction of the segments greedy cleaning picks at logical/physical ratio `rho`.
 pub fn model_u(rho: f64) -> f64 {

@@ -210,16 +210,7 @@ pub struct Outcome {
     pub discarded_bytes: u64,
 }
 
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use crate::bench::Rng as Xorshift;
 
 fn counters(drives: &[Arc<SimDrive>]) -> Vec<MediaCounters> {
     drives
