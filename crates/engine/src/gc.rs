@@ -330,10 +330,17 @@ impl Inner {
         {
             return Ok(());
         }
-        self.free_reclaimed()?;
+        // No room for the record's stripe (every free segment is the checkpoint's reserve):
+        // a checkpoint, which may use that reserve, frees them instead.
+        let no_room = match self.free_reclaimed() {
+            Ok(_) => false,
+            Err(Error::NoSpace) => true,
+            Err(e) => return Err(e),
+        };
         let short = {
             let w = self.writer.lock();
-            w.segs.free_count() <= target && w.segs.states.contains(&SegState::Reclaimed)
+            (no_room || w.segs.free_count() <= target)
+                && w.segs.states.contains(&SegState::Reclaimed)
         };
         if short {
             self.checkpoint()?;
