@@ -105,18 +105,25 @@ fn write_and_clean(
 ) -> Result<()> {
     vol.write(off, data)?;
     if i.is_multiple_of(CHECK_EVERY) {
-        loop {
-            let free = pool.info().free_segments;
-            if free >= free_at_full + clean_at {
-                break;
-            }
-            pool.gc(free)?;
-            if pool.info().free_segments <= free {
-                break; // nothing worth cleaning: host writes meet the foreground watermark
-            }
-        }
+        clean_until(pool, free_at_full + clean_at)?;
     }
     Ok(())
+}
+
+/// The benchmarks' inline cleaner: rounds of `Pool::gc(free)` (each nets one free segment)
+/// until `at_least` segments are free or a round frees nothing (nothing worth cleaning: host
+/// writes then meet the foreground watermark).
+pub(crate) fn clean_until(pool: &Pool, at_least: usize) -> Result<()> {
+    loop {
+        let free = pool.info().free_segments;
+        if free >= at_least {
+            return Ok(());
+        }
+        pool.gc(free)?;
+        if pool.info().free_segments <= free {
+            return Ok(());
+        }
+    }
 }
 
 fn new_pool(g: WafGeometry) -> Result<Pool> {

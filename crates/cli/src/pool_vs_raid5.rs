@@ -1,6 +1,6 @@
 //! `flashpool sim experiment pool-vs-raid5`: the seeds' claim, tested end to end. The same host
 //! workload (uniform random 4 KiB writes, then a 70/30 read/write mix) runs on five identical
-//! simulated SSDs (`sim_drive.rs`) arranged three ways:
+//! simulated SSDs (`sim_drive.rs`) arranged four ways:
 //!
 //! - **pool**: a flashpool pool, 4+1 (append-only whole stripes, whole segments freed and
 //!   discarded; its own cleaner inline, as the `serve` cleaner would run it);
@@ -13,7 +13,7 @@
 //! - **raid0**: the drives with no protection (64 KiB chunks striped over all five), the
 //!   baseline.
 //!
-//! The volume is the same size in all three (a fraction of what RAID5 exposes), so the drives
+//! The volume is the same size in all four (a fraction of what RAID5 exposes), so the drives
 //! hold the same data. For each: NAND pages programmed per host page written (end-to-end write
 //! amplification) with its two factors (what the arrangement wrote to the drives per host page,
 //! and the drives' own), drive reads per host write, and erases per drive, over a window after
@@ -79,12 +79,10 @@ trait Array {
 struct PoolArray {
     pool: Pool,
     vol: flashpool_engine::Volume,
-    n: u64,
 }
 
 impl Array for PoolArray {
     fn write(&mut self, lba: u64, buf: &[u8]) -> Result<()> {
-        self.n += 1;
         Ok(self.vol.write(lba * PAGE, buf)?)
     }
     fn read(&mut self, lba: u64, buf: &mut [u8]) -> Result<()> {
@@ -108,18 +106,9 @@ impl Array for PoolArray {
         ));
     }
     fn tick(&mut self) -> Result<()> {
-        // The serve cleaner's role: keep a few segments free beyond the foreground watermark.
-        let high = self.pool.gc_high_water();
-        loop {
-            let free = self.pool.info().free_segments;
-            if free > high {
-                return Ok(());
-            }
-            self.pool.gc(free)?;
-            if self.pool.info().free_segments <= free {
-                return Ok(());
-            }
-        }
+        // Cleaning inline (deterministic), to one segment above the free-segment count at
+        // which `serve`'s background cleaner starts, in `bench --waf`'s one-segment rounds.
+        crate::bench::bench_waf::clean_until(&self.pool, self.pool.gc_high_water() + 1)
     }
 }
 
@@ -284,7 +273,7 @@ fn run_one(
                 (blocks * PAGE) >> 20,
                 i.capacity_bytes >> 20
             ));
-            Box::new(PoolArray { pool, vol, n: 0 })
+            Box::new(PoolArray { pool, vol })
         }
         "raid5" => Box::new(Raid5 {
             drives: refs,

@@ -384,39 +384,36 @@ fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
             eprintln!("  {msg}");
         }
     };
-    if a.name == "pool-vs-raid5" {
-        // Pool and simulator together: lives here, where both are known.
-        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-        let (res, outcomes) = crate::pool_vs_raid5::run(a.quick, &mut log)?;
-        let json = a.out.join("pool-vs-raid5.json");
-        std::fs::write(&json, serde_json::to_string_pretty(&outcomes)?)
-            .with_context(|| format!("writing {}", json.display()))?;
-        let csv = a.out.join("pool-vs-raid5.csv");
-        std::fs::write(&csv, res.csv()).with_context(|| format!("writing {}", csv.display()))?;
-        let svg = a.out.join("pool-vs-raid5.svg");
-        plot(&res, &svg)?;
-        print!("{}", res.table());
-        println!(
-            "wrote {}, {} and {}",
-            json.display(),
-            csv.display(),
-            svg.display()
-        );
-        return Ok(());
-    }
-    let exp = Experiment::from_name(&a.name).map_err(|e| anyhow::anyhow!("{e}, pool-vs-raid5"))?;
+    // Pool and simulator together (pool-vs-raid5) live here, where both are known.
+    let exp = match a.name.as_str() {
+        "pool-vs-raid5" => None,
+        name => {
+            Some(Experiment::from_name(name).map_err(|e| anyhow::anyhow!("{e}, pool-vs-raid5"))?)
+        }
+    };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let res = if exp == Experiment::Trace {
-        trace_experiment(&a, &mut log)?
-    } else {
-        experiments::run(exp, a.quick, &mut log)?
+    let mut wrote = Vec::new();
+    let res = match exp {
+        None => {
+            // Its every figure also goes to JSON.
+            let (res, outcomes) = crate::pool_vs_raid5::run(a.quick, &mut log)?;
+            let json = a.out.join("pool-vs-raid5.json");
+            std::fs::write(&json, serde_json::to_string_pretty(&outcomes)?)
+                .with_context(|| format!("writing {}", json.display()))?;
+            wrote.push(json);
+            res
+        }
+        Some(Experiment::Trace) => trace_experiment(&a, &mut log)?,
+        Some(exp) => experiments::run(exp, a.quick, &mut log)?,
     };
     let csv = a.out.join(format!("{}.csv", a.name));
     std::fs::write(&csv, res.csv()).with_context(|| format!("writing {}", csv.display()))?;
     let svg = a.out.join(format!("{}.svg", a.name));
     plot(&res, &svg)?;
+    wrote.extend([csv, svg]);
     print!("{}", res.table());
-    println!("wrote {} and {}", csv.display(), svg.display());
+    let wrote: Vec<String> = wrote.iter().map(|p| p.display().to_string()).collect();
+    println!("wrote {}", wrote.join(", "));
     Ok(())
 }
 

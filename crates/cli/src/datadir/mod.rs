@@ -364,34 +364,27 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
             shape.drives
         );
     }
-    if let Some(cfg) = &shape.sim {
+    let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
         let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size);
-        let drives = (0..shape.drives)
+        (0..shape.drives)
             .map(|i| {
                 crate::sim_drive::SimDrive::new(&cfg, format!("sim:{i}"))
                     .map(|d| Arc::new(d) as DriveRef)
             })
-            .collect::<Result<Vec<_>>>()?;
-        let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
-        pool.create_volume("default", req.default_volume)?;
-        return Ok(DataDir {
-            pool,
-            dir: dir.to_owned(),
-            created: true,
-            _lock: None,
+            .collect::<Result<_>>()?
+    } else {
+        let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
+            .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))
+            .collect();
+        // Touch every page now (one thread per drive): page faults would otherwise land on
+        // the write path.
+        std::thread::scope(|s| {
+            for d in &mems {
+                s.spawn(|| d.prefault());
+            }
         });
-    }
-    let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
-        .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))
-        .collect();
-    // Touch every page now (one thread per drive): page faults would otherwise land on the
-    // write path.
-    std::thread::scope(|s| {
-        for d in &mems {
-            s.spawn(|| d.prefault());
-        }
-    });
-    let drives: Vec<DriveRef> = mems.into_iter().map(|d| d as DriveRef).collect();
+        mems.into_iter().map(|d| d as DriveRef).collect()
+    };
     let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
     pool.create_volume("default", req.default_volume)?;
     Ok(DataDir {

@@ -33,7 +33,7 @@ enum DiscardBy {
     Ioctl,
     /// `fallocate(PUNCH_HOLE)` (a sparse regular file).
     PunchHole,
-    /// Not at all (an allocated file, or the device refused once).
+    /// Not at all (an allocated file).
     Nothing,
 }
 
