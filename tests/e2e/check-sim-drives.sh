@@ -3,7 +3,8 @@
 # behind every drive). fio writes and verifies over NBD, then overwrites the volume three times
 # at random so the pool cleans and the drives fill; `status --json` must then report the
 # end-to-end write amplification (host write to NAND program), consistent with the pool's own
-# factor times the drives', the drives' erases, and the segments the pool discarded on them.
+# factor times the drives', the drives' erases, and the segments the pool discarded on them;
+# with NAND timing in real time (the default), every drive's read and write latency.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 case "${SERVER_KIND:-memserve}" in
@@ -49,8 +50,21 @@ for m in drives:
     c = m["erase_count"]
     assert 0 <= c["min"] <= c["mean"] <= c["max"], c
     assert m["erases"] > 0 and m["device_waf"] >= 1.0, m
+# Real-time NAND timing (the default): every drive timed its operations, and no read is
+# faster than the preset's tR (25 us) nor a write than its tPROG (200 us); programs and
+# erases ahead of reads on a die show in the read tail.
+for d in s["drives"]:
+    l = d["latency"]
+    assert l is not None, d
+    r, w = l["read"], l["write"]
+    assert r["count"] > 0 and w["count"] > 0, l
+    assert 25 <= r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"], r
+    assert w["mean_us"] >= 200, w
+    assert r["max_us"] >= 200, ("no read ever waited behind a program", r)
 print(f"end-to-end WAF {e['waf']:.3f} = pool {pool_wa:.3f} x drives {e['device_waf']:.3f} "
       f"(+ page rounding); {e['erases']} erases, {e['discarded_bytes'] >> 20} MiB discarded")
+r = s["drives"][0]["latency"]["read"]
+print(f"drive 0 reads: p50 {r['p50_us']:.0f} us, p99 {r['p99_us']:.0f} us, p99.9 {r['p999_us']:.0f} us")
 PYEOF
 stop_server
 echo "PASS"

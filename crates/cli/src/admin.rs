@@ -110,6 +110,13 @@ pub fn status_json(
                 "erase_count": {"min": m.erase_min, "max": m.erase_max,
                     "mean": if m.blocks == 0 { 0.0 } else { m.erases as f64 / m.blocks as f64 }},
             })),
+            "latency": d.latency.map(|l| {
+                let one = |s: &flashpool_engine::drive::LatencySummary| serde_json::json!({
+                    "count": s.count, "mean_us": s.mean_us, "p50_us": s.p50_us,
+                    "p99_us": s.p99_us, "p999_us": s.p999_us, "max_us": s.max_us,
+                });
+                serde_json::json!({"read": one(&l.read), "write": one(&l.write)})
+            }),
         })).collect::<Vec<_>>(),
         "not_members": pool.ignored_drives().iter().map(|i| serde_json::json!({
             "identity": i.identity, "kind": i.kind, "reason": i.reason, "claims_member": i.claims_member,

@@ -73,9 +73,14 @@ pub struct ServeArgs {
     /// Simulated SSDs instead of files: a `flashpool sim` preset name (slc, mlc, tlc, qlc,
     /// small) or a simulator TOML file, scaled to --drive-size. Data in memory (nothing
     /// survives exit); each drive's FTL counts NAND programs, GC moves and erases, and
-    /// `status` shows the end-to-end write amplification. Untimed: no NAND latency yet.
+    /// `status` shows the end-to-end write amplification and each drive's latency.
     #[arg(long, value_name = "PRESET|FILE")]
     pub sim_drives: Option<String>,
+    /// With --sim-drives: `real` makes every drive operation take the time the device's NAND
+    /// would (reads wait behind programs and erases on their die, writes behind the device's
+    /// own GC); `off` completes them at once (counters only).
+    #[arg(long, default_value = "real", value_parser = ["real", "off"])]
+    pub sim_timing: String,
     /// Seconds a failed drive gets to come back (a transient fault) before its data is
     /// rebuilt onto the other drives.
     #[arg(long, default_value_t = 30)]
@@ -291,6 +296,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             drive_size: a.drive_size,
             memory: a.memory || sim.is_some(),
             sparse: a.sparse,
+            sim_real_time: sim.is_some() && a.sim_timing == "real",
             sim,
         },
         default_volume: a.volume_size,

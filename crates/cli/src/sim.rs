@@ -396,12 +396,14 @@ fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
     let res = match exp {
         None => {
             // Its every figure also goes to JSON.
-            let (res, outcomes) = crate::pool_vs_raid5::run(a.quick, &mut log)?;
+            let r = crate::pool_vs_raid5::run(a.quick, &mut log)?;
             let json = a.out.join("pool-vs-raid5.json");
-            std::fs::write(&json, serde_json::to_string_pretty(&outcomes)?)
+            std::fs::write(&json, serde_json::to_string_pretty(&r.outcomes)?)
                 .with_context(|| format!("writing {}", json.display()))?;
-            wrote.push(json);
-            res
+            let svg = a.out.join(format!("{}.svg", r.latency.name));
+            plot(&r.latency, &svg)?;
+            wrote.extend([json, svg]);
+            r.waf
         }
         Some(Experiment::Trace) => trace_experiment(&a, &mut log)?,
         Some(exp) => experiments::run(exp, a.quick, &mut log)?,

@@ -4,19 +4,85 @@
 //! beside it. So the whole stack can be measured, host write to NAND program: the pool's write
 //! amplification times the device's.
 //!
-//! Untimed: the FTL runs its placement and GC inline (the simulator's preconditioning path),
-//! so the counters are exact and the drive is as fast as memory. NAND timing (virtual time
-//! for experiments, real time for `serve`) is not modelled here yet.
+//! Timing ([`SimClock`]): untimed, the FTL runs its placement and GC inline and every
+//! operation completes at once; timed, each operation also charges the NAND work it causes
+//! (its page programs or reads, and the device GC a write triggers) to the dies and channels
+//! of a [`DriveTiming`] model, in virtual nanoseconds an experiment sets (deterministic, as
+//! fast as the FTL runs) or in real time (`serve`: each operation sleeps until the model says
+//! it is done, so fio sees the latency of the emulated device). The FTL makes the same
+//! decisions timed or not (pages go to the planes in turn), so the counters do not depend on
+//! the clock. Each timed drive keeps its read and write latency distributions
+//! ([`Drive::latency`]).
 //!
 //! A write covering part of a device page costs a whole page program (a page-mapped FTL
 //! reads, merges and rewrites it); a discard deallocates the pages it covers whole.
 
-use flashpool_engine::drive::{Drive, DriveInfo, MediaCounters, MemDrive};
-use flashpool_sim::ftl::Ftl;
+use flashpool_engine::drive::{
+    Drive, DriveInfo, DriveLatency, LatencySummary, MediaCounters, MemDrive,
+};
+use flashpool_sim::drive_timing::{DriveTiming, GcWork};
+use flashpool_sim::ftl::{Ftl, NONE};
 use flashpool_sim::geometry::Geometry;
+use flashpool_sim::stats::LatencyRecorder;
 use flashpool_sim::SimConfig;
 use parking_lot::Mutex;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The clock a simulated drive charges its NAND work to.
+#[derive(Clone)]
+pub enum SimClock {
+    /// None: operations complete at once.
+    Untimed,
+    /// Virtual nanoseconds the caller advances (an experiment).
+    Virtual(Arc<VirtualClock>),
+    /// Real time since the instant given: each operation returns when the model says it is
+    /// done.
+    Real(Instant),
+}
+
+/// Virtual time shared by the drives of one experiment: the caller says when the next
+/// operations arrive, and reads back when the last of them completes.
+#[derive(Debug, Default)]
+pub struct VirtualClock {
+    now: AtomicU64,
+    horizon: AtomicU64,
+}
+
+impl VirtualClock {
+    pub fn new() -> Arc<VirtualClock> {
+        Arc::new(VirtualClock::default())
+    }
+
+    /// Operations from now on arrive at `t` (ns); the horizon restarts there.
+    pub fn arrive(&self, t: u64) {
+        self.now.store(t, Ordering::Relaxed);
+        self.horizon.store(t, Ordering::Relaxed);
+    }
+
+    /// Operations from now on arrive at `t`, the horizon kept (a request's second step, issued
+    /// when its first is done).
+    pub fn issue_at(&self, t: u64) {
+        self.now.store(t, Ordering::Relaxed);
+    }
+
+    /// The arrival time of operations now.
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// The latest completion of any operation since the last [`VirtualClock::arrive`] (the
+    /// arrival time itself if none).
+    pub fn horizon(&self) -> u64 {
+        self.horizon.load(Ordering::Relaxed)
+    }
+
+    fn completed(&self, t: u64) {
+        self.horizon.fetch_max(t, Ordering::Relaxed);
+    }
+}
 
 /// The device of `--sim-drives`: a preset name or a simulator TOML file.
 pub fn load_config(what: &str) -> anyhow::Result<SimConfig> {
@@ -42,18 +108,31 @@ pub fn load_config(what: &str) -> anyhow::Result<SimConfig> {
 /// A simulated SSD holding its data in memory.
 pub struct SimDrive {
     data: MemDrive,
-    ftl: Mutex<Ftl>,
+    state: Mutex<Device>,
+    clock: SimClock,
     page: u64,
     size: u64,
     identity: String,
-    discarded_pages: std::sync::atomic::AtomicU64,
-    read_pages: std::sync::atomic::AtomicU64,
+    discarded_pages: AtomicU64,
+    read_pages: AtomicU64,
+}
+
+/// What one lock guards: the FTL, its timing and the latencies they gave.
+struct Device {
+    ftl: Ftl,
+    timing: DriveTiming,
+    read_lat: LatencyRecorder,
+    write_lat: LatencyRecorder,
 }
 
 impl SimDrive {
-    /// A fresh (empty) device of `cfg`'s geometry and FTL. Its exported size is the FTL's
-    /// logical capacity.
-    pub fn new(cfg: &SimConfig, identity: String) -> anyhow::Result<SimDrive> {
+    /// A fresh (empty) device of `cfg`'s geometry and FTL charging its NAND work to `clock`.
+    /// Its exported size is the FTL's logical capacity.
+    pub fn with_clock(
+        cfg: &SimConfig,
+        identity: String,
+        clock: SimClock,
+    ) -> anyhow::Result<SimDrive> {
         cfg.validate()?;
         let geo = Geometry::new(&cfg.geometry);
         let logical = cfg.logical_pages();
@@ -65,13 +144,60 @@ impl SimDrive {
         let ftl = Ftl::new(geo, &cfg.ftl, logical, cfg.workload.seed);
         Ok(SimDrive {
             data: MemDrive::new(size, identity.clone()),
-            ftl: Mutex::new(ftl),
+            state: Mutex::new(Device {
+                ftl,
+                timing: DriveTiming::new(cfg),
+                read_lat: LatencyRecorder::default(),
+                write_lat: LatencyRecorder::default(),
+            }),
+            clock,
             page,
             size,
             identity,
             discarded_pages: Default::default(),
             read_pages: Default::default(),
         })
+    }
+
+    /// The device page size in bytes.
+    pub fn page(&self) -> u64 {
+        self.page
+    }
+
+    /// Device pages per second the NAND can program with every die busy.
+    pub fn peak_program_pages_per_s(&self) -> f64 {
+        let dev = self.state.lock();
+        dev.timing.dies() as f64 * 1e9 / dev.timing.mean_program_ns()
+    }
+
+    /// The arrival time of an operation starting now, in the clock's nanoseconds (None when
+    /// untimed). In real time, the operations of one batch arrive together.
+    fn arrival(&self) -> Option<u64> {
+        match &self.clock {
+            SimClock::Untimed => None,
+            SimClock::Virtual(c) => Some(c.now()),
+            SimClock::Real(start) => {
+                let at =
+                    flashpool_engine::drive::batch::submitted_at().unwrap_or_else(Instant::now);
+                Some(at.saturating_duration_since(*start).as_nanos() as u64)
+            }
+        }
+    }
+
+    /// Reports an operation done at `done` (clock ns): the horizon of a virtual clock moves,
+    /// a real-time caller waits until then.
+    fn complete(&self, done: u64) {
+        match &self.clock {
+            SimClock::Untimed => {}
+            SimClock::Virtual(c) => c.completed(done),
+            SimClock::Real(start) => {
+                let due = *start + std::time::Duration::from_nanos(done);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+            }
+        }
     }
 
     /// `cfg` with as many blocks per plane as it takes to export at least `bytes` (the rest of
@@ -102,9 +228,21 @@ impl Drive for SimDrive {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.data.read_at(offset, buf)?;
-        let pages = (offset + buf.len() as u64).div_ceil(self.page) - offset / self.page;
-        self.read_pages
-            .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
+        let first = offset / self.page;
+        let last = (offset + buf.len() as u64).div_ceil(self.page);
+        self.read_pages.fetch_add(last - first, Ordering::Relaxed);
+        if let Some(at) = self.arrival() {
+            let mut dev = self.state.lock();
+            let mut done = at;
+            for lpa in first..last {
+                let ppa = dev.ftl.lookup(lpa as u32);
+                let t = dev.timing.read(at, (ppa != NONE).then_some(ppa));
+                done = done.max(t);
+            }
+            dev.read_lat.record(done - at);
+            drop(dev);
+            self.complete(done);
+        }
         Ok(())
     }
 
@@ -112,13 +250,38 @@ impl Drive for SimDrive {
         self.data.write_at(offset, buf)?;
         let first = offset / self.page;
         let last = (offset + buf.len() as u64).div_ceil(self.page);
-        let mut ftl = self.ftl.lock();
-        for lpa in first..last {
-            if !ftl.write_untimed(lpa as u32) {
-                let why = ftl.failed.clone().unwrap_or_default();
-                return Err(io::Error::other(format!("simulated SSD: {why}")));
+        let full = |ftl: &Ftl| {
+            let why = ftl.failed.clone().unwrap_or_default();
+            io::Error::other(format!("simulated SSD: {why}"))
+        };
+        let Some(at) = self.arrival() else {
+            let mut dev = self.state.lock();
+            for lpa in first..last {
+                if !dev.ftl.write_untimed(lpa as u32) {
+                    return Err(full(&dev.ftl));
+                }
             }
+            return Ok(());
+        };
+        let mut dev = self.state.lock();
+        let mut done = at;
+        for lpa in first..last {
+            let before = dev.ftl.ctr;
+            if !dev.ftl.write_untimed(lpa as u32) {
+                return Err(full(&dev.ftl));
+            }
+            let ppa = dev.ftl.lookup(lpa as u32);
+            let c = dev.ftl.ctr;
+            let gc = GcWork {
+                moves: (c.gc_pages_moved + c.wl_pages_moved)
+                    - (before.gc_pages_moved + before.wl_pages_moved),
+                erases: c.blocks_erased - before.blocks_erased,
+            };
+            done = done.max(dev.timing.program(at, ppa, gc));
         }
+        dev.write_lat.record(done - at);
+        drop(dev);
+        self.complete(done);
         Ok(())
     }
 
@@ -130,40 +293,59 @@ impl Drive for SimDrive {
         self.data.discard(offset, len)?;
         let first = offset.div_ceil(self.page);
         let last = (offset + len) / self.page;
-        let mut ftl = self.ftl.lock();
+        let mut dev = self.state.lock();
         for lpa in first..last {
-            ftl.trim(lpa as u32);
+            dev.ftl.trim(lpa as u32);
         }
-        self.discarded_pages.fetch_add(
-            last.saturating_sub(first),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.discarded_pages
+            .fetch_add(last.saturating_sub(first), Ordering::Relaxed);
         Ok(())
     }
 
     fn completes_inline(&self) -> bool {
-        true
+        !matches!(self.clock, SimClock::Real(_))
     }
 
     fn media_counters(&self) -> Option<MediaCounters> {
-        let ftl = self.ftl.lock();
-        let c = ftl.ctr;
-        let wear = ftl.erase_counts();
-        drop(ftl);
+        let dev = self.state.lock();
+        let c = dev.ftl.ctr;
+        let wear = dev.ftl.erase_counts();
+        drop(dev);
         Some(MediaCounters {
             written_bytes: c.host_pages_written * self.page,
             programmed_bytes: c.flash_pages_programmed * self.page,
             moved_bytes: (c.gc_pages_moved + c.wl_pages_moved) * self.page,
             erases: c.blocks_erased,
-            discarded_bytes: self
-                .discarded_pages
-                .load(std::sync::atomic::Ordering::Relaxed)
-                * self.page,
-            read_bytes: self.read_pages.load(std::sync::atomic::Ordering::Relaxed) * self.page,
+            discarded_bytes: self.discarded_pages.load(Ordering::Relaxed) * self.page,
+            read_bytes: self.read_pages.load(Ordering::Relaxed) * self.page,
             erase_min: wear.iter().copied().min().unwrap_or(0) as u64,
             erase_max: wear.iter().copied().max().unwrap_or(0) as u64,
             blocks: wear.len() as u64,
         })
+    }
+
+    fn latency(&self) -> Option<DriveLatency> {
+        if matches!(self.clock, SimClock::Untimed) {
+            return None;
+        }
+        let dev = self.state.lock();
+        Some(DriveLatency {
+            read: summary(&dev.read_lat),
+            write: summary(&dev.write_lat),
+        })
+    }
+}
+
+/// The simulator's latency summary in the engine's terms.
+pub fn summary(r: &LatencyRecorder) -> LatencySummary {
+    let s = r.summary();
+    LatencySummary {
+        count: s.count,
+        mean_us: s.mean,
+        p50_us: s.p50,
+        p99_us: s.p99,
+        p999_us: s.p999,
+        max_us: s.max,
     }
 }
 
@@ -182,7 +364,8 @@ mod tests {
     #[test]
     fn device_counts_programs_and_discards_help_its_gc() {
         let run = |discard: bool| {
-            let d = SimDrive::new(&small(8 << 20), "sim:0".into()).unwrap();
+            let d =
+                SimDrive::with_clock(&small(8 << 20), "sim:0".into(), SimClock::Untimed).unwrap();
             let size = d.info().size;
             assert!(size >= 8 << 20, "{size}");
             let mut b = flashpool_engine::aligned::AlignedBuf::zeroed(1 << 20);
@@ -221,7 +404,7 @@ mod tests {
         let cfg = small(160 << 20);
         let drives: Vec<_> = (0..5)
             .map(|i| {
-                Arc::new(SimDrive::new(&cfg, format!("sim:{i}")).unwrap())
+                Arc::new(SimDrive::with_clock(&cfg, format!("sim:{i}"), SimClock::Untimed).unwrap())
                     as flashpool_engine::drive::DriveRef
             })
             .collect();

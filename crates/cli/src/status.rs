@@ -168,6 +168,22 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 mib("discarded_bytes")
             );
         }
+        let l = &d["latency"];
+        if !l.is_null() {
+            let one = |s: &serde_json::Value| {
+                let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+                format!(
+                    "{} ops, mean {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us",
+                    s["count"],
+                    f("mean_us"),
+                    f("p99_us"),
+                    f("p999_us"),
+                    f("max_us")
+                )
+            };
+            println!("          latency: reads {}", one(&l["read"]));
+            println!("                   writes {}", one(&l["write"]));
+        }
     }
     for i in v["not_members"].as_array().into_iter().flatten() {
         println!(

@@ -137,6 +137,8 @@ impl Inner {
             tracing::debug!(freed = reclaimed.len(), "segments freed by the checkpoint");
         }
         w.bytes_since_cp = 0;
+        w.data_bytes_since_cp = 0;
+        w.last_cp_bytes = bytes.len() as u64;
         Stats::add(&self.stats.checkpoints, 1);
         tracing::debug!(
             seq_start,

@@ -220,7 +220,34 @@ pub(crate) struct WriterState {
     pub gc_open: Option<OpenStripe>,
     pub next_seq: u64,
     pub segs: SegmentTable,
+    /// Bytes of stripes sealed since the last checkpoint, every stream.
     pub bytes_since_cp: u64,
+    /// Of those, the host data stream's.
+    pub data_bytes_since_cp: u64,
+    /// Encoded size of the last checkpoint (0 before the first since open).
+    pub last_cp_bytes: u64,
+}
+
+/// A checkpoint is due after at least this many times its own size in host data stripes, so
+/// rewriting it costs at most 1/64 byte per byte hosts write however large the pool's maps
+/// grow (a fixed interval would not: a map of gigabytes rewritten every GiB).
+pub(crate) const CHECKPOINT_COST_RATIO: u64 = 64;
+
+/// ...and at the latest after this many times that much log of every stream: a cleaner
+/// relocating heavily (GC write amplification in the tens) would otherwise bring a checkpoint
+/// per interval of its own writes, tens of checkpoints per host interval, while recovery
+/// only needs the log bounded.
+pub(crate) const CHECKPOINT_LOG_FACTOR: u64 = 16;
+
+impl WriterState {
+    /// Whether enough has been written since the last checkpoint to take one: `interval`
+    /// (or [`CHECKPOINT_COST_RATIO`] times the last checkpoint, if larger) of host data
+    /// stripes, or [`CHECKPOINT_LOG_FACTOR`] times that of log in all.
+    pub fn checkpoint_due(&self, interval: u64) -> bool {
+        let every = interval.max(CHECKPOINT_COST_RATIO.saturating_mul(self.last_cp_bytes));
+        self.data_bytes_since_cp >= every
+            || self.bytes_since_cp >= CHECKPOINT_LOG_FACTOR.saturating_mul(every)
+    }
 }
 
 impl WriterState {
@@ -326,6 +353,8 @@ pub struct DriveStatus {
     pub uuid: String,
     /// The drive's own account of its media, where it can tell (`Drive::media_counters`).
     pub media: Option<crate::drive::MediaCounters>,
+    /// The drive's own read and write latency, where it times itself (`Drive::latency`).
+    pub latency: Option<crate::drive::DriveLatency>,
 }
 
 /// Pool-wide facts for `flashpool status` and metrics.
@@ -411,6 +440,8 @@ impl Inner {
                 next_seq: 1,
                 segs,
                 bytes_since_cp: 0,
+                data_bytes_since_cp: 0,
+                last_cp_bytes: 0,
             }),
             inflight: RwLock::new(HashMap::new()),
             done: Mutex::new(Completion::default()),
@@ -965,6 +996,7 @@ impl Pool {
                     .get(index)
                     .map_or_else(String::new, crate::assembly::uuid_text),
                 media: s.drive.as_ref().and_then(|d| d.media_counters()),
+                latency: s.drive.as_ref().and_then(|d| d.latency()),
             })
             .collect()
     }

@@ -65,11 +65,15 @@ impl Inner {
         for c in &sealed.chunks {
             w.segs.advance(stream, c.drive, c.end());
         }
-        w.bytes_since_cp += sealed
+        let bytes = sealed
             .chunks
             .iter()
             .map(|c| c.end() - c.offset)
             .sum::<u64>();
+        w.bytes_since_cp += bytes;
+        if stream == Stream::Data {
+            w.data_bytes_since_cp += bytes;
+        }
         sealed
     }
 
@@ -307,7 +311,7 @@ impl Inner {
             } else {
                 None
             };
-            let want_cp = w.bytes_since_cp >= self.checkpoint_interval;
+            let want_cp = w.checkpoint_due(self.checkpoint_interval);
             drop(w);
             if let Some(s) = sealed {
                 if stream == Stream::Data {

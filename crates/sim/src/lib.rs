@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod die;
+pub mod drive_timing;
 pub mod engine;
 pub mod experiments;
 pub mod ftl;

@@ -97,6 +97,12 @@ impl Prepared {
         })
     }
 
+    /// The preconditioned FTL, for callers that time it themselves
+    /// ([`crate::drive_timing`]).
+    pub fn into_ftl(self) -> Ftl {
+        self.ftl
+    }
+
     /// Runs the configured job.
     pub fn run(self, progress: Progress<'_>) -> Report {
         let source = Source::Jobs(JobGen::new(&self.cfg));

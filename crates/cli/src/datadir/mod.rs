@@ -40,6 +40,8 @@ pub struct PoolShape {
     pub sparse: bool,
     /// With `memory`: simulated SSDs of this device (scaled to `drive_size`).
     pub sim: Option<flashpool_sim::SimConfig>,
+    /// With `sim`: the drives charge NAND timing in real time (else they are untimed).
+    pub sim_real_time: bool,
 }
 
 impl Default for PoolShape {
@@ -52,6 +54,7 @@ impl Default for PoolShape {
             memory: false,
             sparse: false,
             sim: None,
+            sim_real_time: false,
         }
     }
 }
@@ -366,9 +369,14 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     }
     let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
         let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size);
+        let clock = if shape.sim_real_time {
+            crate::sim_drive::SimClock::Real(std::time::Instant::now())
+        } else {
+            crate::sim_drive::SimClock::Untimed
+        };
         (0..shape.drives)
             .map(|i| {
-                crate::sim_drive::SimDrive::new(&cfg, format!("sim:{i}"))
+                crate::sim_drive::SimDrive::with_clock(&cfg, format!("sim:{i}"), clock.clone())
                     .map(|d| Arc::new(d) as DriveRef)
             })
             .collect::<Result<_>>()?

@@ -35,6 +35,8 @@ pub struct FileConfig {
     pub volume_size: Option<u64>,
     pub memory: Option<bool>,
     pub sim_drives: Option<String>,
+    #[serde(default, deserialize_with = "sim_timing")]
+    pub sim_timing: Option<String>,
     pub rebuild_delay: Option<u64>,
     #[serde(default, deserialize_with = "busy_poll")]
     pub busy_poll_us: Option<u64>,
@@ -116,6 +118,10 @@ fn one_of<'de, D: Deserializer<'de>>(d: D, allowed: &[&str]) -> Result<Option<St
         )));
     }
     Ok(Some(v))
+}
+
+fn sim_timing<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    one_of(d, &["real", "off"])
 }
 
 fn tls_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
@@ -268,6 +274,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(volume_size);
     switch!(memory);
     set!(sim_drives, Some);
+    set!(sim_timing);
     set!(rebuild_delay);
     set!(busy_poll_us);
     set!(rebuild_reserve);

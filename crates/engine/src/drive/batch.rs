@@ -177,6 +177,7 @@ struct InFlight {
 /// must not hold two that overlap on a drive (nor a flush meant to cover a write of the same
 /// batch: flush after the batch).
 pub fn run(items: &mut [BatchItem<'_>]) -> Vec<io::Result<()>> {
+    let _submitted = Submitted::now();
     let mut results: Vec<Option<io::Result<()>>> = (0..items.len()).map(|_| None).collect();
     let ring_items: Vec<(usize, FdTarget)> = items
         .iter()
@@ -199,6 +200,40 @@ pub fn run(items: &mut [BatchItem<'_>]) -> Vec<io::Result<()>> {
         .into_iter()
         .map(|r| r.expect("every operation ran"))
         .collect()
+}
+
+thread_local! {
+    static SUBMITTED_AT: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// When the batch this thread is running was submitted, while [`run`] runs it: a drive that
+/// emulates a device's latency (a simulated SSD in real time) takes the batch's synchronous
+/// operations as arriving together, as a device given them at once would, instead of one
+/// after another's emulated wait. None outside a batch.
+pub fn submitted_at() -> Option<std::time::Instant> {
+    SUBMITTED_AT.with(|c| c.get())
+}
+
+/// Sets [`submitted_at`] for the scope of one [`run`] (batches do not nest; an inner one
+/// would keep the outer time).
+struct Submitted {
+    outer: Option<std::time::Instant>,
+}
+
+impl Submitted {
+    fn now() -> Submitted {
+        let outer = SUBMITTED_AT.with(|c| c.get());
+        if outer.is_none() {
+            SUBMITTED_AT.with(|c| c.set(Some(std::time::Instant::now())));
+        }
+        Submitted { outer }
+    }
+}
+
+impl Drop for Submitted {
+    fn drop(&mut self) {
+        SUBMITTED_AT.with(|c| c.set(self.outer));
+    }
 }
 
 /// Submits the fd-backed operations in waves of at most the ring's size; the others are run

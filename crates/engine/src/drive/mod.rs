@@ -67,6 +67,29 @@ pub trait Drive: Send + Sync {
     fn media_counters(&self) -> Option<MediaCounters> {
         None
     }
+    /// How long the drive's own reads and writes took, for drives that time themselves (a
+    /// simulated SSD charging NAND timing). None (the default): not measured.
+    fn latency(&self) -> Option<DriveLatency> {
+        None
+    }
+}
+
+/// A latency distribution in microseconds (see [`Drive::latency`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+/// A drive's read and write latency, as it measured them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DriveLatency {
+    pub read: LatencySummary,
+    pub write: LatencySummary,
 }
 
 /// A drive's own account of its media (see [`Drive::media_counters`]).
