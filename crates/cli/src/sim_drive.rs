@@ -398,6 +398,40 @@ mod tests {
         );
     }
 
+    /// In real time an operation returns no sooner than the NAND model says it is done, and
+    /// the drive reports the model's latency: a page program on an idle device, then a read
+    /// of it (which waits for nothing by then); an untimed drive reports no latency.
+    #[test]
+    fn real_time_drive_waits_for_the_model() {
+        let cfg = small(8 << 20);
+        let t = flashpool_sim::timing::Timing::new(&cfg.timing, cfg.geometry.page_size);
+        let program_us = (t.cmd_ns + t.xfer_page_ns + t.program(0)) as f64 / 1000.0;
+        let read_us = (t.cmd_ns + t.read(0) + t.xfer_page_ns) as f64 / 1000.0;
+        let d = SimDrive::with_clock(
+            &cfg,
+            "sim:0".into(),
+            SimClock::Real(std::time::Instant::now()),
+        )
+        .unwrap();
+        assert!(!d.completes_inline(), "the pool must not run it inline");
+        let b = flashpool_engine::aligned::AlignedBuf::zeroed(4096);
+        let started = std::time::Instant::now();
+        d.write_at(0, &b).unwrap();
+        let waited = started.elapsed().as_secs_f64() * 1e6;
+        assert!(
+            waited >= program_us * 0.999,
+            "{waited} us < {program_us} us"
+        );
+        let mut r = flashpool_engine::aligned::AlignedBuf::zeroed(4096);
+        d.read_at(0, &mut r).unwrap();
+        let l = d.latency().expect("a timed drive reports latency");
+        assert_eq!((l.write.count, l.read.count), (1, 1));
+        assert!((l.write.mean_us - program_us).abs() < 0.01, "{l:?}");
+        assert!((l.read.mean_us - read_us).abs() < 0.01, "{l:?}");
+        let untimed = SimDrive::with_clock(&cfg, "sim:1".into(), SimClock::Untimed).unwrap();
+        assert!(untimed.latency().is_none() && untimed.completes_inline());
+    }
+
     /// A pool on simulated SSDs: data round-trips, and the members report their media.
     #[test]
     fn pool_on_simulated_ssds_reports_end_to_end_counters() {
