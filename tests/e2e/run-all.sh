@@ -52,11 +52,13 @@ CHECKS=(
     "drive-loss-and-add:check-drives.sh"
     "members-loop-devices:check-members.sh"
     "faults-under-load:check-faults.sh"
+    "fault-matrix:check-fault-matrix.sh"
     "fill-and-lose-a-member:check-fill.sh"
     "host-filesystem-full:check-hostfull.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
     "kernel-nvme:check-kernel-nvme.sh"
+    "kernel-nvme-auth:check-kernel-nvme-auth.sh"
     "kernel-nvme-pool:check-kernel-nvme-pool.sh"
 )
 pass=0; fail=0; skipped=0

@@ -15,6 +15,7 @@ The test script is not in the base: run-guest.sh appends it as a second archive
 (the --files form; the kernel unpacks concatenated archives in order).
 """
 import gzip
+import lzma
 import os
 import re
 import stat
@@ -113,8 +114,18 @@ def libs_of(binary, libpath):
     return libs
 
 
-def modinfo_fields(path):
+def module_bytes(path):
+    """A module file's contents, decompressed (newer Debian kernels ship .ko.xz)."""
     data = open(path, "rb").read()
+    if path.endswith(".xz"):
+        return lzma.decompress(data)
+    if path.endswith(".gz"):
+        return gzip.decompress(data)
+    return data
+
+
+def modinfo_fields(path):
+    data = module_bytes(path)
     fields = {}
     for key in (b"depends", b"softdep"):
         for m in re.finditer(rb"(?:^|\0)" + key + rb"=([^\0]*)", data):
@@ -155,22 +166,32 @@ def main():
             c.file("lib/x86_64-linux-gnu/" + name, open(path, "rb").read())
 
     # Modules: name -> relative path (module names treat - and _ alike).
-    index = {}
+    # Compressed modules (.ko.xz, .ko.gz) go into the initramfs decompressed, as .ko.
+    index, source = {}, {}
     for dirpath, _, files in os.walk(moddir):
         for f in files:
-            if f.endswith(".ko"):
-                index[f[:-3].replace("-", "_")] = os.path.relpath(os.path.join(dirpath, f), moddir)
+            base = re.sub(r"\.(xz|gz)$", "", f)
+            if base.endswith(".ko"):
+                rel = os.path.relpath(os.path.join(dirpath, base), moddir)
+                index[base[:-3].replace("-", "_")] = rel
+                source[rel] = os.path.join(dirpath, f)
+    # Built into the kernel (modules.builtin, e.g. virtio_pci in 6.12): nothing to load.
+    builtin = set()
+    bpath = os.path.join(moddir, "modules.builtin")
+    if os.path.exists(bpath):
+        for line in open(bpath):
+            builtin.add(os.path.basename(line.strip())[:-3].replace("-", "_"))
     order, deps_of = [], {}
 
     def visit(name, stack=()):
         key = name.replace("-", "_")
-        if key in order:
+        if key in order or (key in builtin and key not in index):
             return
         if key not in index:
             sys.exit(f"mkinitramfs: module {name} not in {moddir}")
         if key in stack:
             return
-        info = modinfo_fields(os.path.join(moddir, index[key]))
+        info = modinfo_fields(source[index[key]])
         deps = [d for s in info.get("depends", []) for d in s.split(",") if d]
         for sd in info.get("softdep", []):  # "pre: a b post: c": the pre ones first
             m = re.search(r"pre:\s*([^:]*?)(?:\s+post:|$)", sd)
@@ -189,7 +210,7 @@ def main():
         visit(m)
     for key in order:
         rel = index[key]
-        c.file(f"lib/modules/{kver}/{rel}", open(os.path.join(moddir, rel), "rb").read(), 0o644)
+        c.file(f"lib/modules/{kver}/{rel}", module_bytes(source[rel]), 0o644)
 
     def closure(key, acc):
         for d in deps_of.get(key, []):

@@ -7,10 +7,15 @@
 //! `write_may_wait`, flushes unless every drive completes at once), so those run on the queue's
 //! worker threads and the rest inline; reads grouped by the target use `Volume::read_many`.
 //! The SMART / Health log's media errors come from the pool's unrecoverable blocks.
+//! Host access (`--nvme-allow-host`, `--nvme-dhchap-secret`) is checked by serve.rs at startup
+//! and handed to the subsystem as a `HostAccess`; the target enforces it (allow-list at
+//! Connect, DH-HMAC-CHAP on every queue of a host with a secret).
 
 use anyhow::{Context, Result};
 use flashpool_engine::{Pool, Volume};
-use flashpool_nvmet::{Namespace, NsError, RunningServer, Server, Subsystem, TargetConfig};
+use flashpool_nvmet::{
+    HostAccess, Namespace, NsError, RunningServer, Server, Subsystem, TargetConfig,
+};
 use std::sync::Arc;
 
 /// Default NVMe/TCP port (IANA).
@@ -121,14 +126,17 @@ pub fn with_default_port(addr: &str) -> String {
     }
 }
 
-/// Starts the NVMe/TCP target for every volume of `pool` on `listen`.
+/// Starts the NVMe/TCP target for every volume of `pool` on `listen`, for the hosts `access`
+/// lets in.
 pub fn spawn(
     pool: &Arc<Pool>,
     listen: &str,
     nqn: Option<String>,
+    access: HostAccess,
 ) -> Result<(RunningServer, String)> {
     let nqn = nqn.unwrap_or_else(|| pool_nqn(pool));
-    let sub = Subsystem::new(nqn.clone(), "flashpool");
+    let mut sub = Subsystem::new(nqn.clone(), "flashpool");
+    sub.access = access;
     for v in pool.volumes() {
         let mut uuid = pool.uuid();
         for (b, x) in uuid[12..].iter_mut().zip(v.id.to_be_bytes()) {

@@ -562,7 +562,10 @@ pub fn run(quick: bool, log: &mut dyn FnMut(&str)) -> Result<Results> {
             array_points.push((fill * 100.0, high.array_waf));
             // At the low rate every arrangement keeps up (at the high one an overloaded
             // arrangement's tail grows with the run, and would flatten the others' lines).
-            p99.push((fill * 100.0, phase("randwrite-low").write_latency.p99 / 1000.0));
+            p99.push((
+                fill * 100.0,
+                phase("randwrite-low").write_latency.p99 / 1000.0,
+            ));
             all.extend(outs);
         }
         series.push(Series {

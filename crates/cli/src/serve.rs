@@ -31,6 +31,15 @@ pub struct ServeArgs {
     /// The NVMe subsystem NQN (default: derived from the pool's UUID).
     #[arg(long, requires = "nvme_tcp")]
     pub nvme_nqn: Option<String>,
+    /// Only this host NQN may connect over NVMe/TCP (repeat for more hosts; the hosts of
+    /// --nvme-dhchap-secret are allowed too). Without either, any host may connect.
+    #[arg(long, value_name = "HOSTNQN", requires = "nvme_tcp")]
+    pub nvme_allow_host: Vec<String>,
+    /// DH-HMAC-CHAP secrets: a file of lines `HOSTNQN DHHC-1:..: [CONTROLLER-SECRET]`; each
+    /// host listed must authenticate (and may authenticate the target with the controller
+    /// secret); only listed or --nvme-allow-host hosts may connect. Keep it mode 600.
+    #[arg(long, value_name = "FILE", requires = "nvme_tcp")]
+    pub nvme_dhchap_secret: Option<PathBuf>,
     /// Also listen on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -265,7 +274,30 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         if a.nvme_nqn.is_some() && a.nvme_tcp.is_none() {
             anyhow::bail!("nvme-nqn (--nvme-nqn) needs nvme-tcp (--nvme-tcp)");
         }
+        if (!a.nvme_allow_host.is_empty() || a.nvme_dhchap_secret.is_some()) && a.nvme_tcp.is_none()
+        {
+            anyhow::bail!(
+                "nvme-allow-host and nvme-dhchap-secret (--nvme-allow-host, --nvme-dhchap-secret) \
+                 need nvme-tcp (--nvme-tcp)"
+            );
+        }
     }
+    // Read and check the NVMe host secrets now, before touching the data dir.
+    let nvme_access = match &a.nvme_tcp {
+        Some(_) => {
+            let (access, warning) = flashpool_nvmet::HostAccess::configure(
+                &a.nvme_allow_host,
+                a.nvme_dhchap_secret.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("--nvme-dhchap-secret / --nvme-allow-host: {e}"))?;
+            if let Some(w) = warning {
+                tracing::warn!("{w}");
+                eprintln!("warning: {w}");
+            }
+            access
+        }
+        None => flashpool_nvmet::HostAccess::default(),
+    };
     let tls = tls_from(&a)?;
     let mut http = http_plan(&a)?;
     if !a.stdio && std::env::var_os("LISTEN_FDS").is_none() {
@@ -406,7 +438,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let mut server = Server::new(exports, config)?;
     let nvme = match &a.nvme_tcp {
         Some(addr) => {
-            let (running, uri) = crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone())?;
+            let (running, uri) =
+                crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone(), nvme_access.clone())?;
             if a.stdio {
                 eprintln!("{uri}");
             } else {

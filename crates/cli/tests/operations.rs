@@ -961,3 +961,54 @@ fn systemd_units_verify() {
         None => eprintln!("SKIPPED: this systemd-analyze has no offline security report: {text}"),
     }
 }
+
+/// `--nvme-dhchap-secret FILE` is read and checked at startup, before the data dir is touched:
+/// a bad line stops the server naming the line (never quoting the secret); the flags need
+/// `--nvme-tcp`.
+#[test]
+fn nvme_secrets_file_is_checked_at_startup() {
+    let tmp = TempDir::new("nvme-secrets");
+    let data = tmp.0.join("never");
+    let secrets = tmp.0.join("secrets");
+    std::fs::write(
+        &secrets,
+        "# hosts\nnqn.2014-08.org.nvmexpress:uuid:a DHHC-1:01:QUJDRA==:\n",
+    )
+    .unwrap();
+    let out = flashpool(&[
+        "serve",
+        "--data",
+        s(&data),
+        "--stdio",
+        "--nvme-tcp",
+        "127.0.0.1:0",
+        "--nvme-dhchap-secret",
+        s(&secrets),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad secrets file was accepted");
+    assert!(
+        err.contains(&format!("{}: line 2: host secret of", secrets.display())),
+        "{err}"
+    );
+    assert!(
+        !err.contains("QUJDRA"),
+        "the secret is never printed: {err}"
+    );
+    assert!(!data.exists(), "created the data dir");
+    let out = flashpool(&[
+        "serve",
+        "--data",
+        s(&data),
+        "--stdio",
+        "--nvme-allow-host",
+        "nqn.2014-08.org.nvmexpress:uuid:a",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--nvme-tcp"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!data.exists(), "created the data dir");
+}

@@ -233,11 +233,14 @@ pub(crate) struct WriterState {
 /// grow (a fixed interval would not: a map of gigabytes rewritten every GiB).
 pub(crate) const CHECKPOINT_COST_RATIO: u64 = 64;
 
-/// ...and at the latest after this many times that much log of every stream: a cleaner
-/// relocating heavily (GC write amplification in the tens) would otherwise bring a checkpoint
-/// per interval of its own writes, tens of checkpoints per host interval, while recovery
-/// only needs the log bounded.
-pub(crate) const CHECKPOINT_LOG_FACTOR: u64 = 16;
+/// ...and at the latest after this many times that much log of every stream. A cleaner
+/// relocating heavily (GC write amplification in the tens, a pool nearly full) would otherwise
+/// bring a checkpoint per interval of its own writes, tens per host interval; at 32 a
+/// checkpoint still costs under 0.05 byte per host byte up to a total write amplification of
+/// about 50. The price is recovery's: the log it rolls forward is bounded by 32 intervals
+/// (32 GiB at the default: it reads one chunk header per chunk of it, 1 GiB at 128 KiB
+/// chunks), not one.
+pub(crate) const CHECKPOINT_LOG_FACTOR: u64 = 32;
 
 impl WriterState {
     /// Whether enough has been written since the last checkpoint to take one: `interval`
@@ -1070,7 +1073,12 @@ impl Pool {
             )));
         }
         if slot.drive.is_none() {
-            return Err(Error::NotFound(format!("drive {index} is not present")));
+            return Err(Error::NotFound(format!(
+                "drive {index} is not attached: a member failed before the pool was opened is \
+                 set aside (its copy may be out of date, see the log); `flashpool drive \
+                 rebuild` re-protects its data, `flashpool drive replace {index} PATH` puts a \
+                 drive in its place"
+            )));
         }
         // Stripes placed before the member went out and written while it was out lack their
         // chunk on it: move their segments' live data first (the member still out of service,

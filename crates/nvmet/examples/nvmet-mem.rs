@@ -9,10 +9,14 @@
 //! SIGUSR1 adds a namespace (the next NSID), SIGUSR2 removes the last one:
 //! connected hosts get a namespace-attribute-changed asynchronous event.
 //! NVMET_LOG sets the tracing filter (e.g. NVMET_LOG=debug).
+//! `--allow-host NQN` (repeated) limits the hosts that may connect;
+//! `--dhchap-secret FILE` (lines `HOSTNQN DHHC-1:..: [CTRL-SECRET]`) makes
+//! those hosts authenticate with DH-HMAC-CHAP (tests/e2e/check-kernel-nvme-auth.sh);
+//! `--dhchap-dhgroup ffdheN` makes the exchange use that DH group when offered.
 
 use std::sync::Arc;
 
-use flashpool_nvmet::{MemNamespace, Server, Subsystem, TargetConfig};
+use flashpool_nvmet::{HostAccess, MemNamespace, Server, Subsystem, TargetConfig};
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -41,12 +45,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut size = 256u64 << 20;
     let mut count = 1u32;
     let mut bs = 4096u32;
+    let mut allowed = Vec::new();
+    let mut secrets = None;
+    let mut dhgroup = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut val = |n: &str| it.next().ok_or_else(|| format!("{n} needs a value"));
         match arg.as_str() {
             "--listen" => listen = val("--listen")?,
             "--nqn" => nqn = val("--nqn")?,
+            "--allow-host" => allowed.push(val("--allow-host")?),
+            "--dhchap-dhgroup" => {
+                let g = val("--dhchap-dhgroup")?;
+                dhgroup =
+                    Some(flashpool_nvmet::auth::dhgroup_by_name(&g).ok_or_else(|| {
+                        format!("--dhchap-dhgroup {g}: not null or ffdhe2048..8192")
+                    })?);
+            }
+            "--dhchap-secret" => secrets = Some(std::path::PathBuf::from(val("--dhchap-secret")?)),
             "--size" => size = parse_size(&val("--size")?)?,
             "--namespaces" => {
                 count = val("--namespaces")?
@@ -62,7 +78,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "-h" | "--help" => {
-                println!("usage: nvmet-mem [--listen HOST:PORT] [--nqn NQN] [--size SIZE] [--namespaces N] [--block-size 512|4096]");
+                println!("usage: nvmet-mem [--listen HOST:PORT] [--nqn NQN] [--size SIZE] [--namespaces N] [--block-size 512|4096] [--allow-host NQN]... [--dhchap-secret FILE] [--dhchap-dhgroup null|ffdhe2048..ffdhe8192]");
                 return Ok(());
             }
             other => return Err(format!("unknown argument '{other}'").into()),
@@ -82,7 +98,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Arc::new(MemNamespace::new(size, bs, id))
     };
     let nqn_sig = nqn.clone();
-    let sub = Subsystem::new(nqn.clone(), "nvmet-mem");
+    let mut sub = Subsystem::new(nqn.clone(), "nvmet-mem");
+    let (access, warning) = HostAccess::configure(&allowed, secrets.as_deref())?;
+    if let Some(w) = warning {
+        eprintln!("nvmet-mem: warning: {w}");
+    }
+    sub.access = access;
+    sub.access.dhgroup = dhgroup.filter(|&g| g != 0);
     for i in 1..=count {
         sub.add_namespace(i, ns(i));
     }

@@ -134,6 +134,17 @@ pub struct QueueState {
     pub qid: u16,
     /// SQSIZE from Connect (0's based).
     pub sqsize: u16,
+    /// In-band authentication of this queue (None: the host needs none).
+    pub auth: Option<Box<crate::auth::QueueAuth>>,
+}
+
+impl QueueState {
+    /// Whether the queue must still authenticate before running commands
+    /// other than Connect, Authentication Send/Receive, Property Get and
+    /// Disconnect.
+    pub fn auth_required(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| !a.authenticated())
+    }
 }
 
 /// A write waiting for its data (R2T sent).
@@ -660,6 +671,13 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         if self.shutdown.load(Ordering::Relaxed) {
             return false;
         }
+        if self.q.auth.as_ref().is_some_and(|a| a.expired()) {
+            tracing::warn!(
+                qid = self.q.qid,
+                "not authenticated in time: closing the queue"
+            );
+            return false;
+        }
         match &self.q.ctrl {
             Some(c) => c.check_keep_alive(),
             None => true,
@@ -1039,6 +1057,9 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
 
     /// Checks made before an R2T: the queue is connected and the command valid.
     fn precheck(&self, cmd: &Command, sgl_len: u32) -> Result<(), Status> {
+        if cmd.opcode() != OPC_FABRICS && self.q.ctrl.is_some() && self.q.auth_required() {
+            return Err(Status::AUTH_REQUIRED);
+        }
         match &self.q.ctrl {
             None if cmd.opcode() == OPC_FABRICS => Ok(()),
             None => Err(Status::CMD_SEQ_ERROR),
@@ -1093,6 +1114,9 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     /// Run a command whose data (if any) is here: I/O commands that may wait
     /// for a device on a worker, everything else inline.
     fn execute(&mut self, cmd: Command, data: Vec<u8>, sgl_len: u32) -> Result<(), Fatal> {
+        if cmd.opcode() != OPC_FABRICS && self.q.ctrl.is_some() && self.q.auth_required() {
+            return self.complete(&cmd, Outcome::status(Status::AUTH_REQUIRED));
+        }
         if self.q.qid > 0 && cmd.opcode() != OPC_FABRICS {
             if let Some(ctrl) = self.q.ctrl.clone().filter(|c| c.is_ready()) {
                 let p = match crate::io::prepare(&ctrl, &cmd, sgl_len) {

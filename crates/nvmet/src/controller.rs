@@ -9,7 +9,7 @@
 //! queues counts as keep-alive traffic, and once KATO passes without any the
 //! controller is marked dead and every queue connection of it closes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -56,6 +56,63 @@ pub struct Subsystem {
     namespaces: RwLock<BTreeMap<u32, NsSlot>>,
     /// Counters of namespaces removed (so the subsystem's totals never go back).
     retired: Arc<IoCounters>,
+    /// Which hosts may connect, and which must authenticate.
+    pub access: HostAccess,
+}
+
+/// The hosts a subsystem serves: an allow-list of host NQNs and the
+/// DH-HMAC-CHAP secrets of the hosts that must authenticate. Every host with
+/// a secret is allowed (and must authenticate on every queue); when the
+/// allow-list and the secrets are both empty, any host may connect.
+#[derive(Clone, Default, Debug)]
+pub struct HostAccess {
+    pub allowed: BTreeSet<String>,
+    pub secrets: HashMap<String, Arc<crate::secret::HostSecrets>>,
+    /// The DH group to use when the host offers it (1..=5: ffdhe2048..8192);
+    /// None: the NULL group when offered (no DH exchange).
+    pub dhgroup: Option<u8>,
+}
+
+impl HostAccess {
+    /// Whether host `hostnqn` may connect.
+    pub fn permits(&self, hostnqn: &str) -> bool {
+        (self.allowed.is_empty() && self.secrets.is_empty())
+            || self.allowed.contains(hostnqn)
+            || self.secrets.contains_key(hostnqn)
+    }
+
+    /// The access of `flashpool serve --nvme-allow-host NQN... --nvme-dhchap-secret FILE`
+    /// (and nvmet-mem's flags): the hosts allowed, and the secrets file read
+    /// and checked now (a bad file is an error before the target listens).
+    /// Also returns a warning when the file is readable by others.
+    pub fn configure(
+        allowed: &[String],
+        secrets_file: Option<&std::path::Path>,
+    ) -> Result<(HostAccess, Option<String>), String> {
+        let mut access = HostAccess::default();
+        for nqn in allowed {
+            if nqn.len() > 223 || !nqn.starts_with("nqn.") {
+                return Err(format!(
+                    "allowed host {nqn:?} is not a host NQN (nqn.*, at most 223 bytes)"
+                ));
+            }
+            access.allowed.insert(nqn.clone());
+        }
+        let mut warning = None;
+        if let Some(path) = secrets_file {
+            let (entries, w) = crate::secret::load_secrets_file(path)?;
+            warning = w;
+            for e in entries {
+                access.secrets.insert(e.hostnqn, Arc::new(e.secrets));
+            }
+        }
+        Ok((access, warning))
+    }
+
+    /// The secrets host `hostnqn` must authenticate with (None: no authentication).
+    pub fn secrets_of(&self, hostnqn: &str) -> Option<Arc<crate::secret::HostSecrets>> {
+        self.secrets.get(hostnqn).cloned()
+    }
 }
 
 /// A namespace of a subsystem and its I/O counters (the SMART / Health log's).
@@ -75,6 +132,7 @@ impl Clone for Subsystem {
             firmware: self.firmware.clone(),
             namespaces: RwLock::new(self.map().clone()),
             retired: self.retired.clone(),
+            access: self.access.clone(),
         }
     }
 }
@@ -88,6 +146,7 @@ impl Subsystem {
             firmware: env!("CARGO_PKG_VERSION").into(),
             namespaces: RwLock::new(BTreeMap::new()),
             retired: Arc::new(IoCounters::default()),
+            access: HostAccess::default(),
         }
     }
 

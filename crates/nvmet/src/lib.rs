@@ -9,7 +9,12 @@
 //! - [`status`]: NVMe completion status codes.
 //! - [`controller`]: subsystems, the target's controller registry, controller
 //!   registers (CAP, VS, CC, CSTS) and keep-alive.
-//! - [`fabrics`]: Fabrics commands (Connect, Property Get/Set, Disconnect).
+//! - [`fabrics`]: Fabrics commands (Connect, Property Get/Set, Disconnect,
+//!   Authentication Send/Receive) and the host allow-list check.
+//! - [`auth`]: in-band authentication (DH-HMAC-CHAP), one state per queue.
+//! - [`secret`]: DH-HMAC-CHAP secrets (`DHHC-1:..`), the key transformation
+//!   and the secrets file.
+//! - [`ffdhe`]: the RFC 7919 FFDHE groups' parameters.
 //! - [`admin`]: admin commands (Identify, features, log pages, keep alive, AER).
 //! - [`io`]: NVM I/O commands (Read, Write, Flush, Write Zeroes, DSM).
 //! - [`health`]: the SMART / Health log page and the I/O counters behind it.
@@ -20,19 +25,23 @@
 //! - [`server`]: the listener, thread-per-connection.
 
 pub mod admin;
+pub mod auth;
 pub mod connection;
 pub mod controller;
 pub mod digest;
 pub mod discovery;
 pub mod fabrics;
+pub mod ffdhe;
 pub mod health;
 pub mod io;
 pub mod namespace;
 pub mod pdu;
+pub mod secret;
 pub mod server;
 pub mod status;
 
-pub use controller::{NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
+pub use controller::{HostAccess, NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
 pub use health::{Health, IoCounters};
 pub use namespace::{MemNamespace, Namespace, NsError};
+pub use secret::{HostSecrets, Secret, SecretEntry};
 pub use server::{RunningServer, Server};

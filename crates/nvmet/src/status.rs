@@ -60,6 +60,9 @@ impl Status {
     pub const CONNECT_CTRL_BUSY: Status = specific(0x81);
     pub const CONNECT_INVALID_PARAM: Status = specific(0x82);
     pub const CONNECT_INVALID_HOST: Status = specific(0x84);
+    /// Authentication required: a command on a queue that has not yet
+    /// completed its in-band authentication (NVME_SC_AUTH_REQUIRED).
+    pub const AUTH_REQUIRED: Status = specific(0x91);
     /// Write Fault (media and data integrity error).
     pub const WRITE_FAULT: Status = Status {
         sct: 2,

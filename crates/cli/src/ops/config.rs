@@ -19,6 +19,8 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub nvme_tcp: Option<String>,
     pub nvme_nqn: Option<String>,
+    pub nvme_allow_host: Option<Vec<String>>,
+    pub nvme_dhchap_secret: Option<PathBuf>,
     pub socket: Option<PathBuf>,
     pub stdio: Option<bool>,
     #[serde(default, deserialize_with = "drives")]
@@ -253,6 +255,8 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(listen);
     set!(nvme_tcp, Some);
     set!(nvme_nqn, Some);
+    set!(nvme_allow_host);
+    set!(nvme_dhchap_secret, |p| Some(path(p)));
     set!(socket, |p| Some(path(p)));
     switch!(stdio);
     set!(drives, Some);
@@ -361,6 +365,22 @@ mod tests {
         let (mut a, given) = args(&["--busy-poll-us", &d]);
         apply(&mut a, f, &given, Path::new("."));
         assert_eq!(a.busy_poll_us.to_string(), d);
+    }
+
+    #[test]
+    fn nvme_host_access_keys() {
+        let text = "nvme-tcp = \"127.0.0.1:4420\"\nnvme-allow-host = [\"nqn.2014-08.org.nvmexpress:uuid:a\"]\nnvme-dhchap-secret = \"secrets\"\n";
+        let f = parse(text).unwrap();
+        let (mut a, given) = args(&[]);
+        apply(&mut a, f, &given, Path::new("/etc/flashpool"));
+        assert_eq!(a.nvme_allow_host, ["nqn.2014-08.org.nvmexpress:uuid:a"]);
+        assert_eq!(
+            a.nvme_dhchap_secret.as_deref(),
+            Some(Path::new("/etc/flashpool/secrets")),
+            "relative to the file"
+        );
+        let err = parse("\nnvme-allow-host = \"nqn.x\"\n").unwrap_err();
+        assert!(err.starts_with("line 2, column "), "{err}");
     }
 
     #[test]
