@@ -148,7 +148,8 @@ pub fn run(a: StatusArgs) -> Result<()> {
         };
         println!(
             "drive {:>2}: {:<8} {} {at}{why}",
-            d["index"],
+            // As a number: a JSON value prints without the padding.
+            d["index"].as_u64().unwrap_or(0),
             d["state"].as_str().unwrap_or(""),
             d["uuid"].as_str().unwrap_or("")
         );

@@ -626,12 +626,22 @@ impl Inner {
                 width.min(members.saturating_sub(self.geo.m as usize)),
             )
             .max(1 << 20);
+        let margin = margin.max(self.unpublished_bound() + (1 << 20));
         let near = limit != u64::MAX && self.live_total().saturating_add(margin) > limit;
         self.near_limit.store(near, Ordering::Relaxed);
     }
 
+    /// The most data bytes accepted from hosts but not yet counted live: a block counts once
+    /// its stripe is written, and at most `MAX_STRIPE_BUFFERS` stripes of `width` data chunks
+    /// are buffered.
+    fn unpublished_bound(&self) -> u64 {
+        MAX_STRIPE_BUFFERS * self.width.load(Ordering::Relaxed) as u64 * self.geo.chunk_size as u64
+    }
+
     /// A host write of one new block (not an overwrite) past the live-data limit: ENOSPC,
-    /// so the room to rebuild a lost member is never eaten.
+    /// so the room to rebuild a lost member is never eaten. Blocks in stripes not written
+    /// yet are not counted live, so the check leaves room for as many as can be buffered:
+    /// live data never passes the limit.
     pub(crate) fn check_live_limit(&self, vol: &VolumeState, lba: u64) -> Result<()> {
         if !self.near_limit.load(Ordering::Relaxed) {
             return Ok(());
@@ -641,7 +651,7 @@ impl Inner {
             Some(crate::map::Entry::Unmapped) | None
         );
         if !mapped
-            && self.live_total() + crate::format::BLOCK as u64
+            && self.live_total() + self.unpublished_bound() + crate::format::BLOCK as u64
                 > self.live_limit.load(Ordering::Relaxed)
         {
             return Err(Error::NoSpace);
