@@ -25,11 +25,14 @@ impl Inner {
     pub(crate) fn checkpoint(&self) -> Result<()> {
         let _one_at_a_time = self.cp_lock.lock();
         self.check_failed()?;
+        let started = std::time::Instant::now();
         let mut w = self.writer.lock();
+        let locked = started.elapsed();
         for s in self.seal_all(&mut w) {
             self.write_stripe(s)?;
         }
         self.wait_written(w.next_seq - 1)?;
+        let drained = started.elapsed();
 
         // Only the latest checkpoint's segments stay reserved; older ones are free again.
         let current: Vec<u32> = self.sb.lock().checkpoint.segments.clone();
@@ -107,7 +110,9 @@ impl Inner {
         let seq_end = w.next_seq - 1;
         w.segs.close(Stream::Checkpoint);
         self.wait_written(seq_end)?;
+        let written = started.elapsed();
         self.flush_drives()?;
+        let flushed = started.elapsed();
 
         let generation = {
             let mut sb = self.sb.lock();
@@ -144,6 +149,11 @@ impl Inner {
             seq_start,
             seq_end,
             bytes = bytes.len(),
+            lock_wait_ms = locked.as_millis() as u64,
+            drain_ms = drained.as_millis() as u64,
+            written_ms = written.as_millis() as u64,
+            flushed_ms = flushed.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );
         Ok(())
