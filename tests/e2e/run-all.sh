@@ -53,6 +53,7 @@ CHECKS=(
     "members-loop-devices:check-members.sh"
     "faults-under-load:check-faults.sh"
     "fault-matrix:check-fault-matrix.sh"
+    "bitrot-two-members:check-bitrot.sh"
     "fill-and-lose-a-member:check-fill.sh"
     "host-filesystem-full:check-hostfull.sh"
     "kill9-crash:../crash/kill9.sh 4"

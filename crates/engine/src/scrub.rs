@@ -69,10 +69,13 @@ impl Inner {
         (bytes, bad)
     }
 
-    /// The live blocks stored in chunks `lost` of a stripe (volume name, byte offset), from
-    /// its records.
-    fn live_blocks(&self, s: &StripeDesc, lost: &[usize]) -> Vec<(String, u64)> {
+    /// The live blocks stored in chunks `lost` of a stripe that do not read back (volume
+    /// name, byte offset), from its records. A chunk fails its CRC when any of its bytes
+    /// rotted, but each block has its own CRC: a block whose bytes still check is intact, not
+    /// lost, however bad the rest of its chunk.
+    fn lost_blocks(&self, s: &StripeDesc, lost: &[usize]) -> Vec<(String, u64)> {
         let mut out = Vec::new();
+        let mut buf = crate::aligned::AlignedBuf::zeroed(crate::format::BLOCK);
         for r in s.records.iter().flatten() {
             let Record::Write {
                 vol,
@@ -95,7 +98,9 @@ impl Inner {
             let Some(c) = s.chunks.get(chunk as usize) else {
                 continue;
             };
-            if v.map.get(lba) == Entry::in_chunk(c, offset, len, crc).encode() {
+            if v.map.get(lba) == Entry::in_chunk(c, offset, len, crc).encode()
+                && self.read_block(&v, lba, &mut buf).is_err()
+            {
                 out.push((v.name.clone(), lba * crate::format::BLOCK as u64));
             }
         }
@@ -151,7 +156,7 @@ impl Inner {
                                     .is_none()
                         })
                         .collect();
-                    let blocks = self.live_blocks(desc, &lost);
+                    let blocks = self.lost_blocks(desc, &lost);
                     for (vol, off) in &blocks {
                         tracing::error!(volume = %vol, offset = off, "scrub: block lost: parity cannot recover it");
                     }
