@@ -3,7 +3,8 @@
 #  1. without --sparse, a pool larger than the filesystem is refused at creation (drive files
 #     are allocated up front, so the host filesystem can never fill under the pool);
 #  2. with --sparse, writes past what the filesystem holds get ENOSPC from the server, no
-#     member is marked failed, and every block acknowledged and flushed before reads back.
+#     member is marked failed, and every block acknowledged and flushed before reads back,
+#     also after a kill -9 and a restart on the still-full filesystem.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: host-full checks need flashpool serve"; exit 0; fi
@@ -32,4 +33,18 @@ d=json.load(sys.stdin)['drives']
 assert all(x['state']=='active' for x in d), d
 print('host filesystem full: ENOSPC to the client, all', len(d), 'members still active')"
 $PY "$E2E_DIR/fill.py" "$URI_UNIX" verify "$WORK/fill.state" || die "acknowledged data lost when the filesystem filled"
-echo "full host filesystem: creation refused when allocated; sparse pool answers ENOSPC, fails no member"
+# kill -9 with the filesystem still full: the server comes back on it (recovery may not be able
+# to write; it must still serve what was flushed) and nothing flushed is lost.
+kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=
+rm -f "$SOCK"
+SERVER_CMD="$FP serve --sparse --rebuild-reserve off" start_server || die "no restart on the full filesystem after kill -9"
+$PY "$E2E_DIR/fill.py" "$URI_UNIX" verify "$WORK/fill.state" || die "flushed data lost across kill -9 on a full filesystem"
+# It serves read-only, and says so.
+"$FP" status --data "$DATA" --json | $PY -c "
+import json,sys
+p=json.load(sys.stdin)['pool']
+assert p['read_only'], p
+print('after kill -9 on the full filesystem: serving read-only:', p['read_only'])"
+"$FP" status --data "$DATA" | grep -q "^READ-ONLY" || die "status text does not say the pool is read-only"
+grep -q panicked "$WORK/server.log" && die "the server panicked"
+echo "full host filesystem: creation refused when allocated; sparse pool answers ENOSPC, fails no member, survives kill -9"

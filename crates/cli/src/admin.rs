@@ -90,6 +90,7 @@ pub fn status_json(
             "free_segments": info.free_segments, "capacity_bytes": info.capacity_bytes,
             "capacity_now_bytes": info.capacity_now_bytes, "live_bytes": info.live_bytes,
             "live_limit_bytes": info.live_limit_bytes,
+            "read_only": pool.read_only_reason(),
         },
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {

@@ -337,6 +337,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         force: a.force,
         create: true,
         read_only: false,
+        read_only_if_full: true,
     };
     let dd = datadir::open(&a.data, &req)?;
     let info = dd.pool.info();

@@ -52,6 +52,9 @@ pub fn run(a: StatusArgs) -> Result<()> {
         mib(&p["capacity_now_bytes"]),
         mib(&p["capacity_bytes"])
     );
+    if let Some(why) = p["read_only"].as_str() {
+        println!("READ-ONLY: {why}");
+    }
     println!(
         "protection: {}",
         v["protection"]["summary"].as_str().unwrap_or("")

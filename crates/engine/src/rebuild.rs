@@ -228,6 +228,18 @@ impl Pool {
         })
     }
 
+    /// Why the pool refuses writes (opened read-only, or a write failure beyond parity), or
+    /// None while it takes them.
+    pub fn read_only_reason(&self) -> Option<String> {
+        self.inner.read_only.lock().clone()
+    }
+
+    /// Makes the pool refuse writes from now on, for the reason given (shown by
+    /// [`Pool::read_only_reason`]).
+    pub fn mark_read_only(&self, why: &str) {
+        *self.inner.read_only.lock() = Some(why.to_string());
+    }
+
     /// Progress of the current or last rebuild.
     pub fn rebuild_status(&self) -> RebuildStatus {
         let mut st = self.inner.rebuild_status.lock().clone();

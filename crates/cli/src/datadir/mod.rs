@@ -77,6 +77,10 @@ pub struct OpenRequest {
     pub create: bool,
     /// Open without writing anything to the drives or the data dir.
     pub read_only: bool,
+    /// When opening needs room to write (recovery ends with a checkpoint) and there is none
+    /// (the filesystem under sparse drive files is full, or the pool is), open read-only
+    /// instead of not at all, so what was flushed can still be read (`serve`).
+    pub read_only_if_full: bool,
 }
 
 /// An open pool and the lock that keeps other processes out of its data dir.
@@ -239,8 +243,34 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         read_only: req.read_only,
         ..OpenOptions::default()
     };
-    let pool = Pool::open_assembly(a, &opts)
-        .with_context(|| format!("opening the pool in {}", dir.display()))?;
+    let pool = match Pool::open_assembly(a, &opts) {
+        Ok(p) => p,
+        Err(flashpool_engine::Error::NoSpace) if req.read_only_if_full && !req.read_only => {
+            tracing::error!(
+                data = %dir.display(),
+                "opening the pool needs room to write its recovery and there is none (the \
+                 filesystem under the drive files is full, or the pool is): serving it \
+                 read-only; free space and restart to write again"
+            );
+            drop(lock);
+            let dd = open(
+                dir,
+                &OpenRequest {
+                    read_only: true,
+                    ..req.clone()
+                },
+            )?;
+            dd.pool.mark_read_only(
+                "no room to write the recovery at open (the filesystem under the drive files \
+                 is full, or the pool is): free space and restart",
+            );
+            return Ok(dd);
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e))
+                .with_context(|| format!("opening the pool in {}", dir.display()))
+        }
+    };
     if !req.read_only {
         save_record(dir, &pool, record.as_ref(), &search)?;
     }
