@@ -2,7 +2,8 @@
 # A pool filled to 60, 75 and 90 % of its stated capacity loses a member (flashpool only):
 # with the rebuild reserve (the default) the server either takes the data and then rebuilds to
 # full protection, or refused host writes (ENOSPC) before eating the room a rebuild needs and
-# still rebuilds; every byte acknowledged before is read back after the rebuild. Then the
+# still rebuilds (also when the server is killed -9 during the rebuild and restarted); every
+# byte acknowledged before is read back after the rebuild. Then the
 # same 90 % fill with --rebuild-reserve off shows why the reserve exists: the rebuild cannot
 # finish, and status says so instead of claiming progress.
 set -euo pipefail
@@ -18,6 +19,12 @@ for pct in 60 75 90; do
     target=$(( cap * pct / 100 ))
     $PY "$E2E_DIR/fill.py" "$URI_UNIX" write "$target" "$WORK/fill.state" | tee "$WORK/fill.out"
     "$FP" drive --data "$DATA" fail 1
+    # kill -9 at a point of the rebuild that differs per fill (it starts after 1 s), then a
+    # restart: the rebuild starts over and finishes, and nothing acknowledged is lost.
+    sleep "1.$(( pct % 9 ))"
+    kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=
+    rm -f "$SOCK"
+    SERVER_CMD="$FP serve --rebuild-delay 1" start_server || die "$pct %: no restart after kill -9 during the rebuild"
     for _ in $(seq 1 600); do
         st=$(json | $PY -c "import json,sys; r=json.load(sys.stdin)['rebuild']; print(r['state'])")
         [ "$st" = idle ] && break
