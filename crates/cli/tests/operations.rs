@@ -8,48 +8,17 @@
 //! simple replies), so the tests need no client packages; the e2e checks
 //! (tests/e2e/check-metrics.sh, check-http-api.sh) use curl, nbdinfo, nbdcopy and promtool.
 
-use flashpool_nbd::proto;
+mod common;
+
+use common::{flashpool, s, Nbd, TempDir};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("flashpool-ops-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn flashpool(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashpool"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run flashpool");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    out
-}
-
 /// A `flashpool serve` in the background; SIGTERM and a clean exit on drop.
 struct Server {
     child: Child,
@@ -221,107 +190,6 @@ impl Metrics {
 }
 
 /// The protocol's smallest client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies.
-struct Nbd {
-    c: TcpStream,
-    size: u64,
-    cookie: u64,
-}
-
-impl Nbd {
-    fn connect(addr: &str, export: &str) -> std::io::Result<Nbd> {
-        let mut c = TcpStream::connect(addr)?;
-        c.set_read_timeout(Some(Duration::from_secs(60)))?;
-        let mut hello = [0u8; 18];
-        c.read_exact(&mut hello)?;
-        assert_eq!(
-            u64::from_be_bytes(hello[..8].try_into().unwrap()),
-            proto::NBD_MAGIC
-        );
-        assert_eq!(
-            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
-            proto::IHAVEOPT
-        );
-        let server_flags = u16::from_be_bytes([hello[16], hello[17]]);
-        let mut msg = Vec::new();
-        msg.extend_from_slice(
-            &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes(),
-        );
-        msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-        msg.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
-        msg.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        msg.extend_from_slice(export.as_bytes());
-        c.write_all(&msg)?;
-        let mut info = [0u8; 10];
-        c.read_exact(&mut info)?;
-        if server_flags & proto::FLAG_NO_ZEROES == 0 {
-            let mut zeroes = [0u8; 124];
-            c.read_exact(&mut zeroes)?;
-        }
-        Ok(Nbd {
-            c,
-            size: u64::from_be_bytes(info[..8].try_into().unwrap()),
-            cookie: 0,
-        })
-    }
-
-    fn request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
-        self.cookie += 1;
-        let mut msg = Vec::with_capacity(28 + data.len());
-        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
-        msg.extend_from_slice(&0u16.to_be_bytes());
-        msg.extend_from_slice(&kind.to_be_bytes());
-        msg.extend_from_slice(&self.cookie.to_be_bytes());
-        msg.extend_from_slice(&offset.to_be_bytes());
-        msg.extend_from_slice(&len.to_be_bytes());
-        msg.extend_from_slice(data);
-        self.c.write_all(&msg).unwrap();
-        let mut reply = [0u8; 16];
-        self.c.read_exact(&mut reply).unwrap();
-        assert_eq!(
-            u32::from_be_bytes(reply[..4].try_into().unwrap()),
-            proto::SIMPLE_REPLY_MAGIC
-        );
-        assert_eq!(
-            u64::from_be_bytes(reply[8..].try_into().unwrap()),
-            self.cookie
-        );
-        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
-        let mut buf = Vec::new();
-        if kind == proto::CMD_READ && error == 0 {
-            buf.resize(len as usize, 0);
-            self.c.read_exact(&mut buf).unwrap();
-        }
-        (error, buf)
-    }
-
-    fn write(&mut self, offset: u64, data: &[u8]) {
-        let (e, _) = self.request(proto::CMD_WRITE, offset, data.len() as u32, data);
-        assert_eq!(e, 0, "write at {offset}");
-    }
-    fn read(&mut self, offset: u64, len: u32) -> Vec<u8> {
-        let (e, d) = self.request(proto::CMD_READ, offset, len, &[]);
-        assert_eq!(e, 0, "read at {offset}");
-        d
-    }
-    fn flush(&mut self) {
-        assert_eq!(self.request(proto::CMD_FLUSH, 0, 0, &[]).0, 0);
-    }
-    fn trim(&mut self, offset: u64, len: u32) {
-        assert_eq!(self.request(proto::CMD_TRIM, offset, len, &[]).0, 0);
-    }
-    fn disconnect(mut self) {
-        let _ = self.request_no_reply(proto::CMD_DISC);
-    }
-    fn request_no_reply(&mut self, kind: u16) -> std::io::Result<()> {
-        let mut msg = Vec::new();
-        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
-        msg.extend_from_slice(&0u16.to_be_bytes());
-        msg.extend_from_slice(&kind.to_be_bytes());
-        msg.extend_from_slice(&[0u8; 20]);
-        self.c.write_all(&msg)
-    }
-}
-
 /// `len` bytes that do not compress (xorshift), so media bytes follow host bytes.
 fn block(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -364,7 +232,7 @@ fn promtool_check(text: &str) {
 
 #[test]
 fn metrics_move_by_what_a_client_wrote() {
-    let tmp = TempDir::new("metrics");
+    let tmp = TempDir::new("ops", "metrics");
     let srv = Server::start(&tmp.0.join("data"), &["--metrics", "127.0.0.1:0"]);
     let before = srv.metrics();
     promtool_check(&before.1);
@@ -537,7 +405,7 @@ fn token_file(dir: &Path) -> PathBuf {
 
 #[test]
 fn admin_api_needs_its_token_and_drives_the_pool() {
-    let tmp = TempDir::new("api");
+    let tmp = TempDir::new("ops", "api");
     let tok = token_file(&tmp.0);
     let data = tmp.0.join("data");
     let srv = Server::start(
@@ -700,7 +568,7 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
 
 #[test]
 fn api_flags_are_checked_before_the_data_dir_is_touched() {
-    let tmp = TempDir::new("apiflags");
+    let tmp = TempDir::new("ops", "apiflags");
     let tok = token_file(&tmp.0);
     let data = tmp.0.join("data");
     let short = tmp.0.join("short");
@@ -739,7 +607,7 @@ fn api_flags_are_checked_before_the_data_dir_is_touched() {
 
 #[test]
 fn config_file_settings_flags_and_errors() {
-    let tmp = TempDir::new("config");
+    let tmp = TempDir::new("ops", "config");
     let cfg = tmp.0.join("flashpool.toml");
     // Relative paths are taken from the file's directory; --stdio with no client opens
     // (creates) the pool and closes it.
@@ -888,7 +756,7 @@ fn systemd_units_verify() {
     assert!(socket.contains("ListenStream="));
     // The example config is a valid config.
     let example = root.join("deploy/flashpool.toml");
-    let tmp = TempDir::new("systemd");
+    let tmp = TempDir::new("ops", "systemd");
     let out = flashpool(&[
         "serve",
         "--config",
@@ -967,7 +835,7 @@ fn systemd_units_verify() {
 /// `--nvme-tcp`.
 #[test]
 fn nvme_secrets_file_is_checked_at_startup() {
-    let tmp = TempDir::new("nvme-secrets");
+    let tmp = TempDir::new("ops", "nvme-secrets");
     let data = tmp.0.join("never");
     let secrets = tmp.0.join("secrets");
     std::fs::write(

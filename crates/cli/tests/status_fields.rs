@@ -33,12 +33,14 @@
 //! past `live_limit_bytes` by the data in stripes not yet written (fixed: the engine now
 //! leaves room for what its stripe buffers hold; `live_limit_is_never_passed`).
 
+mod common;
+
+use common::{flashpool, s, Nbd, TempDir};
 use flashpool_nbd::proto;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -53,42 +55,6 @@ const MIB: u64 = 1 << 20;
 const CHUNK: u64 = 32 << 10;
 
 /// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "flashpool-status-fields-{tag}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn flashpool(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashpool"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run flashpool");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    out
-}
-
 /// Runs a command that must succeed; returns its stdout.
 fn ok(args: &[&str]) -> String {
     let out = flashpool(args);
@@ -246,107 +212,6 @@ impl Drop for Server {
 
 /// The protocol's smallest client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies
 /// (as in tests/operations.rs).
-struct Nbd {
-    c: TcpStream,
-    size: u64,
-    cookie: u64,
-}
-
-impl Nbd {
-    fn connect(addr: &str, export: &str) -> Nbd {
-        let mut c = TcpStream::connect(addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut hello = [0u8; 18];
-        c.read_exact(&mut hello).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(hello[..8].try_into().unwrap()),
-            proto::NBD_MAGIC
-        );
-        let server_flags = u16::from_be_bytes([hello[16], hello[17]]);
-        let mut msg = Vec::new();
-        msg.extend_from_slice(
-            &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes(),
-        );
-        msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-        msg.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
-        msg.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        msg.extend_from_slice(export.as_bytes());
-        c.write_all(&msg).unwrap();
-        let mut info = [0u8; 10];
-        c.read_exact(&mut info).unwrap();
-        if server_flags & proto::FLAG_NO_ZEROES == 0 {
-            let mut zeroes = [0u8; 124];
-            c.read_exact(&mut zeroes).unwrap();
-        }
-        Nbd {
-            c,
-            size: u64::from_be_bytes(info[..8].try_into().unwrap()),
-            cookie: 0,
-        }
-    }
-
-    fn request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> Vec<u8> {
-        let (error, buf) = self.try_request(kind, offset, len, data);
-        assert_eq!(error, 0, "NBD request {kind} at {offset} failed");
-        buf
-    }
-
-    /// A request; returns the reply's error (0 or an errno) and the data read.
-    fn try_request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
-        self.cookie += 1;
-        let mut msg = Vec::with_capacity(28 + data.len());
-        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
-        msg.extend_from_slice(&0u16.to_be_bytes());
-        msg.extend_from_slice(&kind.to_be_bytes());
-        msg.extend_from_slice(&self.cookie.to_be_bytes());
-        msg.extend_from_slice(&offset.to_be_bytes());
-        msg.extend_from_slice(&len.to_be_bytes());
-        msg.extend_from_slice(data);
-        self.c.write_all(&msg).unwrap();
-        let mut reply = [0u8; 16];
-        self.c.read_exact(&mut reply).unwrap();
-        assert_eq!(
-            u32::from_be_bytes(reply[..4].try_into().unwrap()),
-            proto::SIMPLE_REPLY_MAGIC
-        );
-        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
-        let mut buf = Vec::new();
-        if kind == proto::CMD_READ && error == 0 {
-            buf.resize(len as usize, 0);
-            self.c.read_exact(&mut buf).unwrap();
-        }
-        (error, buf)
-    }
-
-    /// Writes `data` at `offset` in 64 KiB requests, then flushes.
-    fn write_all(&mut self, offset: u64, data: &[u8]) {
-        for (i, piece) in data.chunks(64 << 10).enumerate() {
-            let at = offset + (i as u64) * (64 << 10);
-            self.request(proto::CMD_WRITE, at, piece.len() as u32, piece);
-        }
-        self.request(proto::CMD_FLUSH, 0, 0, &[]);
-    }
-
-    fn read_all(&mut self, offset: u64, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            let n = (len - out.len()).min(64 << 10);
-            let at = offset + out.len() as u64;
-            out.extend(self.request(proto::CMD_READ, at, n as u32, &[]));
-        }
-        out
-    }
-
-    fn disconnect(mut self) {
-        let mut msg = Vec::new();
-        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
-        msg.extend_from_slice(&0u16.to_be_bytes());
-        msg.extend_from_slice(&proto::CMD_DISC.to_be_bytes());
-        msg.extend_from_slice(&[0u8; 20]);
-        let _ = self.c.write_all(&msg);
-    }
-}
-
 fn u(v: &Value) -> u64 {
     v.as_u64()
         .unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
@@ -640,7 +505,7 @@ fn check_text_pool_line(text: &str, v: &Value) {
 #[test]
 fn fresh_pool_then_writes_then_restart() {
     let seed = seed();
-    let tmp = TempDir::new("fresh");
+    let tmp = TempDir::new("status-fields", "fresh");
     let data = tmp.0.join("data");
     make_pool(&data);
     let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
@@ -764,7 +629,7 @@ fn fresh_pool_then_writes_then_restart() {
     let zip_len = 4 * MIB as usize;
     let raw_data = random(seed, raw_len);
     let zip_data = compressible(zip_len);
-    let mut c1 = Nbd::connect(&srv.nbd, "raw");
+    let mut c1 = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert_eq!(c1.size, 12 * MIB);
     c1.write_all(0, &raw_data);
     let back = c1.read_all(0, MIB as usize);
@@ -773,7 +638,7 @@ fn fresh_pool_then_writes_then_restart() {
         "raw data read back differs"
     );
     c1.disconnect();
-    let mut c2 = Nbd::connect(&srv.nbd, "zip");
+    let mut c2 = Nbd::connect(&srv.nbd, "zip").unwrap();
     c2.write_all(4 * MIB, &zip_data);
     c2.disconnect();
     let written = (raw_len + zip_len) as u64;
@@ -988,10 +853,10 @@ fn fresh_pool_then_writes_then_restart() {
         "{text}"
     );
     // The data read back after the restart is what was written.
-    let mut c = Nbd::connect(&srv.nbd, "raw");
+    let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert!(c.read_all(0, raw_len) == raw_data, "raw data changed");
     c.disconnect();
-    let mut c = Nbd::connect(&srv.nbd, "zip");
+    let mut c = Nbd::connect(&srv.nbd, "zip").unwrap();
     assert!(c.read_all(4 * MIB, zip_len) == zip_data, "zip data changed");
     c.disconnect();
     let v = status(&data);
@@ -1005,13 +870,13 @@ fn fresh_pool_then_writes_then_restart() {
 #[test]
 fn drive_fail_restart_rebuild_and_add() {
     let seed = seed();
-    let tmp = TempDir::new("fail");
+    let tmp = TempDir::new("status-fields", "fail");
     let data = tmp.0.join("data");
     make_pool(&data);
     let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
     let raw_len = 4 * MIB as usize;
     let raw_data = random(seed ^ 0xfa11, raw_len);
-    let mut c = Nbd::connect(&srv.nbd, "raw");
+    let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     c.write_all(0, &raw_data);
     c.disconnect();
     let before = status(&data);
@@ -1103,7 +968,7 @@ fn drive_fail_restart_rebuild_and_add() {
     assert!(line(&text, "protection: ").contains("no further failure tolerated"));
 
     // Reads of the data reconstruct what was on the failed member.
-    let mut c = Nbd::connect(&srv.nbd, "raw");
+    let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert!(c.read_all(0, raw_len) == raw_data, "degraded read differs");
     c.disconnect();
     let v = status(&data);
@@ -1242,7 +1107,7 @@ fn drive_fail_restart_rebuild_and_add() {
     let text = status_text(&data);
     check_text_pool_line(&text, &v);
     assert_eq!(num_before(line(&text, "pool "), " members"), DRIVES + 1);
-    let mut c = Nbd::connect(&srv.nbd, "raw");
+    let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert!(
         c.read_all(0, raw_len) == raw_data,
         "data after rebuild and adds differs"
@@ -1256,7 +1121,7 @@ fn drive_fail_restart_rebuild_and_add() {
 #[test]
 fn sim_drives_end_to_end() {
     let seed = seed();
-    let tmp = TempDir::new("sim");
+    let tmp = TempDir::new("status-fields", "sim");
     let data = tmp.0.join("data");
     let srv = Server::start(&data, &["--sim-drives", "small", "--sim-timing", "real"]);
     let v = status(&data);
@@ -1265,7 +1130,7 @@ fn sim_drives_end_to_end() {
     assert!(e["waf"].is_null(), "{e:#}");
     let len = 2 * MIB as usize;
     let bytes = random(seed ^ 0x51, len);
-    let mut c = Nbd::connect(&srv.nbd, "default");
+    let mut c = Nbd::connect(&srv.nbd, "default").unwrap();
     c.write_all(0, &bytes);
     assert!(c.read_all(0, len) == bytes);
     c.disconnect();
@@ -1335,7 +1200,7 @@ const ENOSPC: u32 = 28;
 /// Writes 64 KiB pieces of fresh data to `default` from `from` until one is refused or
 /// `until`; returns where it stopped and the refusal's error (0 when none).
 fn fill(nbd: &str, seed: u64, from: u64, until: u64) -> (u64, u32) {
-    let mut c = Nbd::connect(nbd, "default");
+    let mut c = Nbd::connect(nbd, "default").unwrap();
     let mut at = from;
     let mut error = 0;
     while at < until {
@@ -1374,7 +1239,7 @@ fn make_big_volume_pool(data: &Path) {
 #[test]
 fn live_limit_enospc_and_failed_rebuild() {
     let seed = seed();
-    let tmp = TempDir::new("full");
+    let tmp = TempDir::new("status-fields", "full");
     let data = tmp.0.join("data");
     make_big_volume_pool(&data);
     let fill = |srv: &Server, from: u64, until: u64| fill(&srv.nbd, seed, from, until);
@@ -1453,7 +1318,7 @@ fn live_limit_enospc_and_failed_rebuild() {
 #[test]
 fn live_limit_is_never_passed() {
     let seed = seed();
-    let tmp = TempDir::new("strict");
+    let tmp = TempDir::new("status-fields", "strict");
     let data = tmp.0.join("data");
     make_big_volume_pool(&data);
     let srv = Server::start(&data, &["--rebuild-delay", "100000"]);

@@ -1,0 +1,176 @@
+//! Helpers shared by the CLI's integration tests: a temporary directory, running the built
+//! binary, and a minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies) to
+//! write and read a served volume with no client package installed.
+#![allow(dead_code)]
+
+use flashpool_nbd::proto;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `flashpool-{suite}-{tag}-{pid}`, empty.
+    pub fn new(suite: &str, tag: &str) -> Self {
+        let p =
+            std::env::temp_dir().join(format!("flashpool-{suite}-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs the built `flashpool` with `args`; it must not panic.
+pub fn flashpool(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashpool"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run flashpool");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    out
+}
+
+/// One NBD connection to an export.
+pub struct Nbd {
+    c: TcpStream,
+    pub size: u64,
+    cookie: u64,
+}
+
+impl Nbd {
+    pub fn connect(addr: &str, export: &str) -> std::io::Result<Nbd> {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut hello = [0u8; 18];
+        c.read_exact(&mut hello)?;
+        assert_eq!(
+            u64::from_be_bytes(hello[..8].try_into().unwrap()),
+            proto::NBD_MAGIC
+        );
+        assert_eq!(
+            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
+            proto::IHAVEOPT
+        );
+        let server_flags = u16::from_be_bytes([hello[16], hello[17]]);
+        let mut msg = Vec::new();
+        msg.extend_from_slice(
+            &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes(),
+        );
+        msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+        msg.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
+        msg.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        msg.extend_from_slice(export.as_bytes());
+        c.write_all(&msg)?;
+        let mut info = [0u8; 10];
+        c.read_exact(&mut info)?;
+        if server_flags & proto::FLAG_NO_ZEROES == 0 {
+            let mut zeroes = [0u8; 124];
+            c.read_exact(&mut zeroes)?;
+        }
+        Ok(Nbd {
+            c,
+            size: u64::from_be_bytes(info[..8].try_into().unwrap()),
+            cookie: 0,
+        })
+    }
+
+    /// A request; returns the reply's error (0 or an errno) and the data read.
+    pub fn try_request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
+        self.cookie += 1;
+        let mut msg = Vec::with_capacity(28 + data.len());
+        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&0u16.to_be_bytes());
+        msg.extend_from_slice(&kind.to_be_bytes());
+        msg.extend_from_slice(&self.cookie.to_be_bytes());
+        msg.extend_from_slice(&offset.to_be_bytes());
+        msg.extend_from_slice(&len.to_be_bytes());
+        msg.extend_from_slice(data);
+        self.c.write_all(&msg).unwrap();
+        let mut reply = [0u8; 16];
+        self.c.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(reply[..4].try_into().unwrap()),
+            proto::SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(
+            u64::from_be_bytes(reply[8..].try_into().unwrap()),
+            self.cookie
+        );
+        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
+        let mut buf = Vec::new();
+        if kind == proto::CMD_READ && error == 0 {
+            buf.resize(len as usize, 0);
+            self.c.read_exact(&mut buf).unwrap();
+        }
+        (error, buf)
+    }
+
+    /// A request that must succeed; returns the data read.
+    pub fn request(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> Vec<u8> {
+        let (error, buf) = self.try_request(kind, offset, len, data);
+        assert_eq!(error, 0, "NBD request {kind} at {offset} failed");
+        buf
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.request(proto::CMD_WRITE, offset, data.len() as u32, data);
+    }
+
+    pub fn read(&mut self, offset: u64, len: u32) -> Vec<u8> {
+        self.request(proto::CMD_READ, offset, len, &[])
+    }
+
+    pub fn flush(&mut self) {
+        self.request(proto::CMD_FLUSH, 0, 0, &[]);
+    }
+
+    pub fn trim(&mut self, offset: u64, len: u32) {
+        self.request(proto::CMD_TRIM, offset, len, &[]);
+    }
+
+    /// Writes `data` at `offset` in 64 KiB requests, then flushes.
+    pub fn write_all(&mut self, offset: u64, data: &[u8]) {
+        for (i, piece) in data.chunks(64 << 10).enumerate() {
+            self.write(offset + (i as u64) * (64 << 10), piece);
+        }
+        self.flush();
+    }
+
+    /// Reads `len` bytes at `offset` in 64 KiB requests.
+    pub fn read_all(&mut self, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let n = (len - out.len()).min(64 << 10);
+            let at = offset + out.len() as u64;
+            out.extend(self.read(at, n as u32));
+        }
+        out
+    }
+
+    /// Ends the session (NBD_CMD_DISC, no reply).
+    pub fn disconnect(mut self) {
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&0u16.to_be_bytes());
+        msg.extend_from_slice(&proto::CMD_DISC.to_be_bytes());
+        msg.extend_from_slice(&[0u8; 20]);
+        let _ = self.c.write_all(&msg);
+    }
+}
