@@ -58,6 +58,7 @@ CHECKS=(
     "host-filesystem-full:check-hostfull.sh"
     "kill9-crash:../crash/kill9.sh 4"
     "kernel-nbd:check-kernel-nbd.sh"
+    "nvme-namespaces:check-nvme-namespaces.sh"
     "kernel-nvme:check-kernel-nvme.sh"
     "kernel-nvme-auth:check-kernel-nvme-auth.sh"
     "kernel-nvme-pool:check-kernel-nvme-pool.sh"

@@ -183,6 +183,8 @@ pub struct AdminCtx {
     pub dir: PathBuf,
     pub window: Arc<crate::wa_window::WaWindow>,
     pub controls: Arc<Controls>,
+    /// With `--nvme-tcp`: keeps its namespaces in step with volume changes.
+    pub nvme: std::sync::OnceLock<crate::nvme::NamespaceSync>,
 }
 
 /// Switches the operator sets on the server's background work (`serve.rs` reads them).
@@ -417,6 +419,9 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
             compression,
         } => {
             let v = pool.create_volume_with(&name, size, compression)?;
+            if let Some(n) = ctx.nvme.get() {
+                n.volume_changed(&v.name);
+            }
             let mut j = ok(format!("created volume {} ({} bytes)", v.name, v.size));
             j["volume"] = volume_json(&v);
             j
@@ -433,6 +438,9 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
                 }
             }
             pool.resize_volume(&name, size)?;
+            if let Some(n) = ctx.nvme.get() {
+                n.volume_changed(&name);
+            }
             ok(format!("resized volume {name} to {size} bytes"))
         }
         Op::VolumeCompression { name, compression } => {
@@ -443,7 +451,15 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
             ))
         }
         Op::VolumeDelete { name } => {
+            let id = pool
+                .volumes()
+                .into_iter()
+                .find(|v| v.name == name)
+                .map(|v| v.id);
             pool.delete_volume(&name)?;
+            if let (Some(n), Some(id)) = (ctx.nvme.get(), id) {
+                n.volume_deleted(id);
+            }
             ok(format!("deleted volume {name}"))
         }
         Op::DriveList => drives_json(ctx),

@@ -14,7 +14,7 @@
 use anyhow::{Context, Result};
 use flashpool_engine::{Pool, Volume};
 use flashpool_nvmet::{
-    HostAccess, Namespace, NsError, RunningServer, Server, Subsystem, TargetConfig,
+    HostAccess, Namespace, NsError, RunningServer, Server, Subsystem, Target, TargetConfig,
 };
 use std::sync::Arc;
 
@@ -126,6 +126,56 @@ pub fn with_default_port(addr: &str) -> String {
     }
 }
 
+/// Volume `name` of `pool` as namespace (NSID = the volume's id, which is never reused).
+fn namespace_of(pool: &Arc<Pool>, name: &str) -> Result<(u32, Arc<dyn Namespace>)> {
+    let vol = pool.volume(name)?;
+    let id = pool
+        .volumes()
+        .into_iter()
+        .find(|v| v.name == name)
+        .map(|v| v.id)
+        .ok_or_else(|| anyhow::anyhow!("volume {name} is gone"))?;
+    let mut uuid = pool.uuid();
+    for (b, x) in uuid[12..].iter_mut().zip(id.to_be_bytes()) {
+        *b ^= x;
+    }
+    Ok((
+        id,
+        Arc::new(VolumeNamespace {
+            vol,
+            pool: pool.clone(),
+            uuid,
+        }),
+    ))
+}
+
+/// Keeps the subsystem's namespaces in step with the pool's volumes while serving: a volume
+/// created, resized or deleted through the admin socket or API appears, changes or disappears
+/// as a namespace, and connected hosts get the asynchronous event (Changed Namespace List)
+/// that makes them rescan.
+pub struct NamespaceSync {
+    target: Arc<Target>,
+    nqn: String,
+    pool: Arc<Pool>,
+}
+
+impl NamespaceSync {
+    /// Volume `name` was created or resized.
+    pub fn volume_changed(&self, name: &str) {
+        match namespace_of(&self.pool, name) {
+            Ok((id, ns)) => {
+                self.target.add_namespace(&self.nqn, id, ns);
+            }
+            Err(e) => tracing::warn!(volume = name, error = %e, "no NVMe namespace for it"),
+        }
+    }
+
+    /// The volume with id `id` was deleted.
+    pub fn volume_deleted(&self, id: u32) {
+        self.target.remove_namespace(&self.nqn, id);
+    }
+}
+
 /// Starts the NVMe/TCP target for every volume of `pool` on `listen`, for the hosts `access`
 /// lets in.
 pub fn spawn(
@@ -133,24 +183,13 @@ pub fn spawn(
     listen: &str,
     nqn: Option<String>,
     access: HostAccess,
-) -> Result<(RunningServer, String)> {
+) -> Result<(RunningServer, String, NamespaceSync)> {
     let nqn = nqn.unwrap_or_else(|| pool_nqn(pool));
     let mut sub = Subsystem::new(nqn.clone(), "flashpool");
     sub.access = access;
     for v in pool.volumes() {
-        let mut uuid = pool.uuid();
-        for (b, x) in uuid[12..].iter_mut().zip(v.id.to_be_bytes()) {
-            *b ^= x;
-        }
-        let vol = pool.volume(&v.name)?;
-        sub.add_namespace(
-            v.id,
-            Arc::new(VolumeNamespace {
-                vol,
-                pool: pool.clone(),
-                uuid,
-            }),
-        );
+        let (id, ns) = namespace_of(pool, &v.name)?;
+        sub.add_namespace(id, ns);
     }
     let addr = with_default_port(listen);
     let server = Server::bind(
@@ -163,8 +202,13 @@ pub fn spawn(
     )
     .with_context(|| format!("--nvme-tcp {addr}: cannot listen there"))?;
     let local = server.local_addr()?;
+    let sync = NamespaceSync {
+        target: server.target().clone(),
+        nqn: nqn.clone(),
+        pool: pool.clone(),
+    };
     let running = server.spawn()?;
-    Ok((running, format!("nvme-tcp://{local}/{nqn}")))
+    Ok((running, format!("nvme-tcp://{local}/{nqn}"), sync))
 }
 
 #[cfg(test)]

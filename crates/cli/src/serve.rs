@@ -372,6 +372,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         dir: dd_dir.clone(),
         window: window.clone(),
         controls: controls.clone(),
+        nvme: std::sync::OnceLock::new(),
     });
     if a.scrub_interval_hours > 0 {
         spawn_scrubber(
@@ -439,8 +440,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let mut server = Server::new(exports, config)?;
     let nvme = match &a.nvme_tcp {
         Some(addr) => {
-            let (running, uri) =
+            let (running, uri, sync) =
                 crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone(), nvme_access.clone())?;
+            let _ = admin.nvme.set(sync);
             if a.stdio {
                 eprintln!("{uri}");
             } else {
