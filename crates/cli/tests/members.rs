@@ -9,46 +9,14 @@
 //! connection on stdin, here none, and closes cleanly) and filled through the engine; every
 //! check of the data afterwards opens the surviving files read-only with the engine.
 
+mod common;
+
+use common::{flashpool, s, TempDir};
 use flashpool_engine::drive::{DriveRef, FileDrive};
 use flashpool_engine::{OpenOptions, Pool};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::Arc;
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p =
-            std::env::temp_dir().join(format!("flashpool-members-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn flashpool(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashpool"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run flashpool");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    out
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// `flashpool serve --stdio` with no client: opens (or creates) the pool, then closes it.
 fn serve_once(data: &Path, extra: &[&str]) -> Output {
@@ -171,7 +139,7 @@ fn pool_uuid(data: &Path) -> String {
 
 #[test]
 fn removing_any_one_drive_opens_degraded_and_never_recreates() {
-    let t = TempDir::new("one");
+    let t = TempDir::new("members", "one");
     for gone in 0..5 {
         let data = t.0.join(format!("d{gone}"));
         make_pool(&data, gone as u64 * 1000, &["--sparse"]);
@@ -244,7 +212,7 @@ fn removing_any_one_drive_opens_degraded_and_never_recreates() {
 
 #[test]
 fn all_but_one_gone_is_refused_and_touches_nothing() {
-    let t = TempDir::new("all");
+    let t = TempDir::new("members", "all");
     let data = t.0.join("d");
     make_pool(&data, 7, &["--sparse"]);
     let uuid = pool_uuid(&data);
@@ -297,7 +265,7 @@ fn all_but_one_gone_is_refused_and_touches_nothing() {
 
 #[test]
 fn two_missing_on_4_plus_1_refused_then_one_put_back_opens() {
-    let t = TempDir::new("two");
+    let t = TempDir::new("members", "two");
     let data = t.0.join("d");
     make_pool(&data, 9, &["--sparse"]);
     std::fs::rename(drive(&data, 1), t.0.join("x1")).unwrap();
@@ -323,7 +291,7 @@ fn two_missing_on_4_plus_1_refused_then_one_put_back_opens() {
 
 #[test]
 fn renamed_shuffled_and_moved_members_are_the_same_members() {
-    let t = TempDir::new("rename");
+    let t = TempDir::new("members", "rename");
     let data = t.0.join("d");
     make_pool(&data, 11, &["--sparse"]);
     let before = status_json(&data);
@@ -376,7 +344,7 @@ fn renamed_shuffled_and_moved_members_are_the_same_members() {
 
 #[test]
 fn foreign_stale_truncated_and_blank_drives_are_named_not_taken() {
-    let t = TempDir::new("strangers");
+    let t = TempDir::new("members", "strangers");
     let data = t.0.join("d");
     let other = t.0.join("other");
     make_pool(&data, 13, &["--sparse"]);
@@ -437,7 +405,7 @@ fn foreign_stale_truncated_and_blank_drives_are_named_not_taken() {
 
 #[test]
 fn unreadable_superblocks_make_a_missing_member_named_by_its_path() {
-    let t = TempDir::new("sb");
+    let t = TempDir::new("members", "sb");
     let data = t.0.join("d");
     make_pool(&data, 15, &["--sparse"]);
     {
@@ -467,7 +435,7 @@ fn unreadable_superblocks_make_a_missing_member_named_by_its_path() {
 
 #[test]
 fn replace_rebuilds_and_the_pool_survives_another_loss() {
-    let t = TempDir::new("replace");
+    let t = TempDir::new("members", "replace");
     let data = t.0.join("d");
     make_pool(&data, 17, &[]);
     std::fs::rename(drive(&data, 2), t.0.join("old-2.img")).unwrap();
@@ -507,7 +475,7 @@ fn replace_rebuilds_and_the_pool_survives_another_loss() {
 
 #[test]
 fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
-    let t = TempDir::new("flag");
+    let t = TempDir::new("members", "flag");
     let data = t.0.join("d");
     let devs: Vec<PathBuf> = (0..5).map(|i| t.0.join(format!("dev{i}.img"))).collect();
     // dev3 holds an ext4 superblock's magic; dev4 another pool's drive.

@@ -81,11 +81,6 @@ impl Timeline {
             self.busy.pop_front();
         }
     }
-
-    /// The end of the last reservation.
-    fn end(&self) -> u64 {
-        self.busy.back().map_or(0, |&(_, e)| e)
-    }
 }
 
 /// Per-die and per-channel availability of one device.
@@ -192,16 +187,6 @@ impl DriveTiming {
         self.dies[die].reserve(s, sense + xfer);
         self.channels[chan].reserve(s + sense, xfer);
         s + sense + xfer
-    }
-
-    /// The latest time any die or channel is reserved until.
-    pub fn busy_until(&self) -> u64 {
-        self.dies
-            .iter()
-            .chain(&self.channels)
-            .map(Timeline::end)
-            .max()
-            .unwrap_or(0)
     }
 
     /// Die time of one page program with its transfer (mean over page types): the device's
