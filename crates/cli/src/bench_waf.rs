@@ -394,7 +394,16 @@ pub fn run(json: bool, g: WafGeometry) -> Result<()> {
             "secs"
         );
     }
-    for spare in [0.10, 0.20, 0.30] {
+    // FLASHPOOL_WAF_SPARES="0.1,0.2": only these spare levels (for experiments).
+    let spares: Vec<f64> = match std::env::var("FLASHPOOL_WAF_SPARES") {
+        Ok(v) => v
+            .split(',')
+            .map(|x| x.trim().parse::<f64>())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("FLASHPOOL_WAF_SPARES={v:?}: {e}"))?,
+        Err(_) => vec![0.10, 0.20, 0.30],
+    };
+    for spare in spares {
         // Under uniform random writes the policies agree (every block is equally hot); the
         // default geometry's long runs measure greedy only.
         let policies: &[(&str, GcPolicy)] = match g {

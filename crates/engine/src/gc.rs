@@ -105,12 +105,29 @@ impl Inner {
     /// The segment to clean next, if any holds garbage worth the work.
     /// Only segments closed before sequence number `before` are candidates: a cleaning run
     /// never picks what it wrote itself.
+    ///
+    /// Segments the latest checkpoint covers come first when they cost little more: an
+    /// emptied segment it covers is freed by a small log record (`reuse`), one written since
+    /// needs a checkpoint of the whole map. So the policy's choice is passed over for the
+    /// best covered segment whose live fraction is higher by less than the checkpoint is
+    /// against a segment's capacity (the extra data moved is then smaller than the
+    /// checkpoint the choice would force).
     pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
         let room = self.room_now();
+        let (covered_before, checkpoint_bytes) = {
+            let sb = self.sb.lock();
+            if sb.checkpoint.len == 0 {
+                (0, 0.0) // no checkpoint: nothing is covered, and nothing to weigh
+            } else {
+                (sb.checkpoint.seq_start, sb.checkpoint.len as f64)
+            }
+        };
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
-        let mut best: Option<(f64, u32)> = None;
+        // (score, live fraction, segment) of the best candidate, and of the best covered one.
+        let mut best: Option<(f64, f64, u32)> = None;
+        let mut best_covered: Option<(f64, f64, u32)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
             if *st != SegState::Used || w.segs.closed_seq[i] >= before {
                 continue;
@@ -126,11 +143,34 @@ impl Inner {
                     (1.0 - u) * age / (1.0 + u)
                 }
             };
-            if best.is_none_or(|(b, _)| score > b) {
-                best = Some((score, i as u32));
+            let candidate = Some((score, u, i as u32));
+            if best.is_none_or(|(b, _, _)| score > b) {
+                best = candidate;
+            }
+            if w.segs.closed_seq[i] < covered_before
+                && best_covered.is_none_or(|(b, _, _)| score > b)
+            {
+                best_covered = candidate;
             }
         }
-        best.map(|(_, s)| s)
+        let margin = checkpoint_bytes / room.segment_capacity.max(1.0);
+        match (best, best_covered) {
+            (Some((_, u, _)), Some((_, uc, c))) if uc - u <= margin => Some(c),
+            (b, c) => {
+                if let Some((_, u, s)) = b {
+                    if w.segs.closed_seq[s as usize] >= covered_before {
+                        tracing::debug!(
+                            segment = s,
+                            u,
+                            covered_u = c.map(|c| c.1),
+                            margin,
+                            "victim written since the checkpoint"
+                        );
+                    }
+                }
+                b.map(|(_, _, s)| s)
+            }
+        }
     }
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
@@ -343,6 +383,18 @@ impl Inner {
                 && w.segs.states.contains(&SegState::Reclaimed)
         };
         if short {
+            tracing::debug!(
+                no_room,
+                reclaimed = self
+                    .writer
+                    .lock()
+                    .segs
+                    .states
+                    .iter()
+                    .filter(|s| **s == SegState::Reclaimed)
+                    .count(),
+                "checkpoint to free cleaned segments"
+            );
             self.checkpoint()?;
         }
         Ok(())
@@ -367,6 +419,96 @@ mod tests {
         let mut b = vec![v; 4096];
         b[0] = !v;
         b
+    }
+
+    /// Segments grouped by where blocks `lbas` of volume `v` lie now: (segment, its blocks).
+    fn blocks_by_segment(pool: &Pool, lbas: std::ops::Range<u64>) -> Vec<(u32, Vec<u64>)> {
+        let inner = &pool.inner;
+        let v = inner
+            .volume_by_id(inner.volumes.read().by_name["v"])
+            .unwrap();
+        let mut out: Vec<(u32, Vec<u64>)> = Vec::new();
+        for lba in lbas {
+            let Some(Entry::Media { offset, .. }) = Entry::decode(v.map.get(lba)) else {
+                panic!("block {lba} is on media");
+            };
+            let seg = SegmentTable::segment_of(&inner.geo, offset);
+            match out.last_mut() {
+                Some((s, b)) if *s == seg => b.push(lba),
+                _ => out.push((seg, vec![lba])),
+            }
+        }
+        out
+    }
+
+    /// The cleaner passes over a segment written since the latest checkpoint for one the
+    /// checkpoint covers (freed by a log record, not a whole checkpoint) when that costs
+    /// less extra moving than a checkpoint writes; not when the covered one is much fuller.
+    #[test]
+    fn victims_the_checkpoint_covers_come_first_when_they_cost_little_more() {
+        // How much emptier the fresh segment is made than the covered one: a fraction of
+        // the margin, plus an absolute amount.
+        for (of_margin, plus, want_covered) in
+            [(0.0, 0.0, true), (0.5, 0.0, true), (1.0, 0.05, false)]
+        {
+            let drives: Vec<DriveRef> = (0..5)
+                .map(|i| Arc::new(MemDrive::new(24 << 20, format!("mem:{i}"))) as DriveRef)
+                .collect();
+            let cfg = PoolConfig {
+                k: 4,
+                m: 1,
+                chunk_size: 16 << 10,
+                segment_size: 1 << 20,
+                checkpoint_interval: 1 << 30,
+            };
+            let pool = Pool::create(drives, &cfg).unwrap();
+            pool.create_volume_with("v", 32 << 20, crate::Compression::Off)
+                .unwrap();
+            let vol = pool.volume("v").unwrap();
+            for lba in 0..1500u64 {
+                vol.write(lba * 4096, &block(1)).unwrap();
+            }
+            pool.checkpoint().unwrap();
+            for lba in 1500..3000u64 {
+                vol.write(lba * 4096, &block(2)).unwrap();
+            }
+            pool.flush().unwrap();
+            let inner = &pool.inner;
+            // A whole segment of each kind: the first the checkpoint covers, and the second of the
+            // later writes (their first continues the segment open at the checkpoint).
+            let covered = blocks_by_segment(&pool, 0..1500).swap_remove(0);
+            let fresh = blocks_by_segment(&pool, 1500..3000).swap_remove(1);
+            let cp_len = inner.sb.lock().checkpoint.len as f64;
+            let margin = cp_len / inner.room_now().segment_capacity;
+            assert!(margin > 0.0, "a checkpoint was taken");
+            // Overwrite a third of the covered segment, then blocks of the fresh one until it
+            // is emptier by what the case asks: the fresh one is the policy's choice.
+            let u = |seg: u32| inner.utilisation(seg as usize, &inner.room_now());
+            for &lba in &covered.1[..covered.1.len() / 3] {
+                vol.write(lba * 4096, &block(3)).unwrap();
+            }
+            let want = u(covered.0) - margin * of_margin - plus;
+            let mut left = fresh.1.iter();
+            while u(fresh.0) > want {
+                let lba = left.next().expect("enough blocks to overwrite");
+                vol.write(lba * 4096, &block(3)).unwrap();
+            }
+            pool.flush().unwrap();
+            let (uc, uf) = (u(covered.0), u(fresh.0));
+            assert!(uf <= uc, "the fresh segment is the emptier ({uf} vs {uc})");
+            // Nothing else may compete: every other segment is fuller than both.
+            let victim = inner.pick_victim(u64::MAX).unwrap();
+            let picked_covered = victim == covered.0;
+            assert!(
+                victim == covered.0 || victim == fresh.0,
+                "picked segment {victim}, neither candidate"
+            );
+            assert_eq!(
+                picked_covered, want_covered,
+                "covered u {uc:.4}, fresh u {uf:.4}, margin {margin:.4}"
+            );
+            assert_eq!(want_covered, uc - uf <= margin, "the case tests the margin");
+        }
     }
 
     /// A host write into the data stream's open stripe, made after the cleaner moved the same
