@@ -61,6 +61,7 @@ CHECKS=(
     "nvme-namespaces:check-nvme-namespaces.sh"
     "kernel-nvme:check-kernel-nvme.sh"
     "kernel-nvme-auth:check-kernel-nvme-auth.sh"
+    "kernel-nvme-tls:check-kernel-nvme-tls.sh"
     "kernel-nvme-pool:check-kernel-nvme-pool.sh"
 )
 pass=0; fail=0; skipped=0

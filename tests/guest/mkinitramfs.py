@@ -45,8 +45,11 @@ MODULES = [
     "ext4",
 ]
 # Shipped (and in modules.dep) but not loaded: `modprobe NAME` in a guest script.
-# nvmet-tcp is the kernel's NVMe/TCP target, for a loopback self-test of the initiator.
-OPTIONAL_MODULES = ["nvmet-tcp", "loop"]
+# nvmet-tcp is the kernel's NVMe/TCP target, for a loopback self-test of the initiator;
+# tls is kernel TLS, which nvme-tcp's TLS (and tlshd) needs, with the AES-GCM AEAD it
+# programs into the socket (gcm and ghash: busybox modprobe cannot resolve the crypto-gcm(aes)
+# alias the kernel asks for, so a guest script loads them by name).
+OPTIONAL_MODULES = ["nvmet-tcp", "loop", "tls", "gcm", "ghash-generic"]
 
 
 class Cpio:

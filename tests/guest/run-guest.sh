@@ -15,6 +15,8 @@
 #   GUEST_MEM      guest memory in MiB (default 1024)
 #   GUEST_SMP      guest CPUs (default 1)
 #   GUEST_ACCEL    qemu accelerator (default tcg; kvm where /dev/kvm works)
+#   GUEST_EXTRA_INITRD  another gzip'd cpio archive appended after the base one (e.g.
+#                  fetch-trixie.sh's /opt/trixie tree)
 set -euo pipefail
 GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$GUEST_DIR/../.." && pwd)
@@ -64,7 +66,9 @@ nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 } > "$run/test.env"
 python3 "$GUEST_DIR/mkinitramfs.py" --files "$run/test.cpio.gz" \
     "test.sh=$script" "test.env=$run/test.env"
-cat "$base" "$run/test.cpio.gz" > "$run/initrd"
+extra=${GUEST_EXTRA_INITRD:-}
+[ -z "$extra" ] || [ -f "$extra" ] || die "GUEST_EXTRA_INITRD $extra does not exist"
+cat "$base" ${extra:+"$extra"} "$run/test.cpio.gz" > "$run/initrd"
 
 # 4. Boot. qemu-system-x86 is unpacked, not installed: its libraries and
 # firmware come from the sysroot.

@@ -177,12 +177,13 @@ impl NamespaceSync {
 }
 
 /// Starts the NVMe/TCP target for every volume of `pool` on `listen`, for the hosts `access`
-/// lets in.
+/// lets in, with the TLS secure channel `tls` when configured.
 pub fn spawn(
     pool: &Arc<Pool>,
     listen: &str,
     nqn: Option<String>,
     access: HostAccess,
+    tls: Option<Arc<flashpool_nvmet::NvmeTls>>,
 ) -> Result<(RunningServer, String, NamespaceSync)> {
     let nqn = nqn.unwrap_or_else(|| pool_nqn(pool));
     let mut sub = Subsystem::new(nqn.clone(), "flashpool");
@@ -198,6 +199,7 @@ pub fn spawn(
             subsystems: vec![sub],
             traddr: String::new(),
             trsvcid: String::new(),
+            tls,
         },
     )
     .with_context(|| format!("--nvme-tcp {addr}: cannot listen there"))?;

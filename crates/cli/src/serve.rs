@@ -40,6 +40,19 @@ pub struct ServeArgs {
     /// secret); only listed or --nvme-allow-host hosts may connect. Keep it mode 600.
     #[arg(long, value_name = "FILE", requires = "nvme_tcp")]
     pub nvme_dhchap_secret: Option<PathBuf>,
+    /// The DH group of DH-HMAC-CHAP when the host offers it: null (no Diffie-Hellman exchange)
+    /// or ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192 (the Linux host offers them
+    /// all). Default: null.
+    #[arg(long, value_name = "GROUP", requires = "nvme_dhchap_secret")]
+    pub nvme_dhchap_dhgroup: Option<String>,
+    /// TLS for NVMe/TCP (TLS 1.3 with pre-shared keys, `nvme connect --tls`): off; on (hosts
+    /// may use it); require (plain connections are closed). Needs --nvme-tls-psk.
+    #[arg(long, default_value = "off", value_parser = ["off", "on", "require"], requires = "nvme_tcp")]
+    pub nvme_tls: String,
+    /// NVMe/TCP TLS pre-shared keys: a file of lines `HOSTNQN NVMeTLSkey-1:..:` (as `nvme
+    /// gen-tls-key` prints them), one per host. Refused if others may read it: chmod 600.
+    #[arg(long, value_name = "FILE", requires = "nvme_tcp")]
+    pub nvme_tls_psk: Option<PathBuf>,
     /// Also listen on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -216,6 +229,28 @@ fn http_plan(a: &ServeArgs) -> Result<HttpPlan> {
     })
 }
 
+/// The NVMe/TCP TLS of `--nvme-tls` / `--nvme-tls-psk`, read and checked before the data dir is
+/// touched (a bad or world-readable key file stops the server here).
+fn nvme_tls(a: &ServeArgs) -> Result<Option<Arc<flashpool_nvmet::NvmeTls>>> {
+    let mode: flashpool_nvmet::TlsMode = a
+        .nvme_tls
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--nvme-tls {e}"))?;
+    if mode == flashpool_nvmet::TlsMode::Off && a.nvme_tls_psk.is_some() {
+        anyhow::bail!("--nvme-tls-psk needs --nvme-tls on or require");
+    }
+    let (tls, warning) = flashpool_nvmet::NvmeTls::configure(mode, a.nvme_tls_psk.as_deref())
+        .map_err(|e| anyhow::anyhow!("--nvme-tls / --nvme-tls-psk: {e}"))?;
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+        eprintln!("warning: {w}");
+    }
+    if let Some(t) = &tls {
+        tracing::info!("NVMe/TCP TLS {:?}: {}", t.mode, t.describe);
+    }
+    Ok(tls)
+}
+
 /// The TLS setup the flags ask for (None: off); every inconsistency is an error.
 fn tls_from(a: &ServeArgs) -> Result<Option<flashpool_nbd::Tls>> {
     use flashpool_nbd::{Tls, TlsCredentials, TlsMode};
@@ -274,10 +309,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         if a.nvme_nqn.is_some() && a.nvme_tcp.is_none() {
             anyhow::bail!("nvme-nqn (--nvme-nqn) needs nvme-tcp (--nvme-tcp)");
         }
-        if (!a.nvme_allow_host.is_empty() || a.nvme_dhchap_secret.is_some()) && a.nvme_tcp.is_none()
+        if (!a.nvme_allow_host.is_empty()
+            || a.nvme_dhchap_secret.is_some()
+            || a.nvme_tls != "off"
+            || a.nvme_tls_psk.is_some())
+            && a.nvme_tcp.is_none()
         {
             anyhow::bail!(
-                "nvme-allow-host and nvme-dhchap-secret (--nvme-allow-host, --nvme-dhchap-secret) \
+                "nvme-allow-host, nvme-dhchap-secret, nvme-tls and nvme-tls-psk \
+                 (--nvme-allow-host, --nvme-dhchap-secret, --nvme-tls, --nvme-tls-psk) \
                  need nvme-tcp (--nvme-tcp)"
             );
         }
@@ -294,10 +334,21 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 tracing::warn!("{w}");
                 eprintln!("warning: {w}");
             }
+            let mut access = access;
+            if let Some(g) = &a.nvme_dhchap_dhgroup {
+                let id = flashpool_nvmet::auth::dhgroup_by_name(g).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--nvme-dhchap-dhgroup {g:?}: null, ffdhe2048, ffdhe3072, ffdhe4096, \
+                         ffdhe6144 or ffdhe8192"
+                    )
+                })?;
+                access.dhgroup = Some(id).filter(|&g| g != 0);
+            }
             access
         }
         None => flashpool_nvmet::HostAccess::default(),
     };
+    let nvme_tls = nvme_tls(&a)?;
     let tls = tls_from(&a)?;
     let mut http = http_plan(&a)?;
     if !a.stdio && std::env::var_os("LISTEN_FDS").is_none() {
@@ -440,8 +491,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let mut server = Server::new(exports, config)?;
     let nvme = match &a.nvme_tcp {
         Some(addr) => {
-            let (running, uri, sync) =
-                crate::nvme::spawn(&pool, addr, a.nvme_nqn.clone(), nvme_access.clone())?;
+            let (running, uri, sync) = crate::nvme::spawn(
+                &pool,
+                addr,
+                a.nvme_nqn.clone(),
+                nvme_access.clone(),
+                nvme_tls.clone(),
+            )?;
             let _ = admin.nvme.set(sync);
             if a.stdio {
                 eprintln!("{uri}");

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 struct Server {
     child: Child,
     nbd: String,
+    /// `nvme-tcp://ADDR/NQN`, with `--nvme-tcp`.
+    nvme: Option<String>,
     metrics: Option<String>,
     api: Option<String>,
     log: mpsc::Receiver<String>,
@@ -71,6 +73,7 @@ impl Server {
         let mut server = Server {
             child,
             nbd: String::new(),
+            nvme: None,
             metrics: None,
             api: None,
             log,
@@ -94,6 +97,8 @@ impl Server {
             };
             if let Some(rest) = line.strip_prefix("nbd://") {
                 server.nbd = rest.split('/').next().unwrap().to_string();
+            } else if line.starts_with("nvme-tcp://") {
+                server.nvme = Some(line.clone());
             } else if let Some(a) = addr("metrics on ") {
                 server.metrics = Some(a);
             } else if let Some(a) = addr("admin API on ") {
@@ -831,8 +836,8 @@ fn systemd_units_verify() {
 }
 
 /// `--nvme-dhchap-secret FILE` is read and checked at startup, before the data dir is touched:
-/// a bad line stops the server naming the line (never quoting the secret); the flags need
-/// `--nvme-tcp`.
+/// a bad line stops the server naming the line (never quoting the secret), an unknown DH group
+/// (`--nvme-dhchap-dhgroup`) is refused naming the choices; the flags need `--nvme-tcp`.
 #[test]
 fn nvme_secrets_file_is_checked_at_startup() {
     let tmp = TempDir::new("ops", "nvme-secrets");
@@ -864,6 +869,33 @@ fn nvme_secrets_file_is_checked_at_startup() {
         "the secret is never printed: {err}"
     );
     assert!(!data.exists(), "created the data dir");
+    std::fs::write(
+        &secrets,
+        format!(
+            "nqn.2014-08.org.nvmexpress:uuid:a {}\n",
+            flashpool_nvmet::Secret::encode(&[7u8; 32], None)
+        ),
+    )
+    .unwrap();
+    let out = flashpool(&[
+        "serve",
+        "--data",
+        s(&data),
+        "--stdio",
+        "--nvme-tcp",
+        "127.0.0.1:0",
+        "--nvme-dhchap-secret",
+        s(&secrets),
+        "--nvme-dhchap-dhgroup",
+        "ffdhe1024",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an unknown DH group was accepted");
+    assert!(
+        err.contains("--nvme-dhchap-dhgroup \"ffdhe1024\": null, ffdhe2048"),
+        "{err}"
+    );
+    assert!(!data.exists(), "created the data dir");
     let out = flashpool(&[
         "serve",
         "--data",
@@ -879,4 +911,84 @@ fn nvme_secrets_file_is_checked_at_startup() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!data.exists(), "created the data dir");
+}
+
+/// `serve --nvme-tls require --nvme-tls-psk FILE` as a user runs it: a plain NVMe/TCP
+/// connection gets no ICResp, a TLS 1.3 connection with the host's key (the identity and TLS
+/// PSK derived from the configured key as the Linux initiator's keyring holds them) gets one,
+/// and a wrong key gets no session.
+#[test]
+fn nvme_tls_required_by_serve() {
+    use flashpool_nvmet::pdu::IcReq;
+    use flashpool_nvmet::ConfiguredPsk;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("ops", "nvme-tls");
+    let host = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555";
+    let key = |fill: u8| ConfiguredPsk {
+        transform: 1,
+        key: (0..32u8).map(|i| i.wrapping_mul(7) ^ fill).collect(),
+    };
+    let psks = tmp.0.join("psk");
+    std::fs::write(&psks, format!("{host} {}\n", key(0x5a).encode())).unwrap();
+    std::fs::set_permissions(&psks, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let server = Server::start(
+        &tmp.0.join("data"),
+        &[
+            "--nvme-tcp",
+            "127.0.0.1:0",
+            "--nvme-tls",
+            "require",
+            "--nvme-tls-psk",
+            s(&psks),
+        ],
+    );
+    let uri = server
+        .nvme
+        .clone()
+        .expect("serve printed its NVMe/TCP address");
+    let (addr, nqn) = uri
+        .strip_prefix("nvme-tcp://")
+        .and_then(|r| r.split_once('/'))
+        .expect("nvme-tcp://ADDR/NQN");
+    let icreq = IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: false,
+        ddgst: false,
+        maxr2t: 0,
+    }
+    .encode();
+    // The reply to an ICReq over `s`: its first 8 bytes, or None if the target closed.
+    fn reply<S: Read + Write>(s: &mut S, icreq: &[u8]) -> Option<[u8; 8]> {
+        s.write_all(icreq).ok()?;
+        let mut b = [0u8; 8];
+        s.read_exact(&mut b).ok().map(|_| b)
+    }
+    let mut plain = TcpStream::connect(addr).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(
+        reply(&mut plain, &icreq),
+        None,
+        "a plain connection was served"
+    );
+    let tls = |k: ConfiguredPsk| {
+        let (identity, tls_key) = k.tls_psk(host, nqn, 1);
+        let ctx = flashpool_nvmet::tls::client_context(&identity, &tls_key, k.hash()).unwrap();
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        openssl::ssl::Ssl::new(&ctx).unwrap().connect(tcp)
+    };
+    let mut good = tls(key(0x5a)).expect("TLS handshake with the host's key");
+    let r = reply(&mut good, &icreq).expect("an ICResp over TLS");
+    assert_eq!(r[0], 0x01, "ICResp PDU type: {r:?}");
+    // OpenSSL's client may finish its side of the handshake before the server's refusal
+    // arrives: then the first read finds the connection closed.
+    let refused = match tls(key(0x33)) {
+        Err(_) => true,
+        Ok(mut s) => reply(&mut s, &icreq).is_none(),
+    };
+    assert!(refused, "a wrong key was served");
+    server.stop();
 }

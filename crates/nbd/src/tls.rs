@@ -7,24 +7,22 @@
 //! release, and PSK is what `nbdinfo --tls-psk-file` and qemu's `tls-creds-psk` speak. An
 //! OpenSSL session cannot be read and written from two threads at once, while the transmission
 //! phase reads requests on one thread and writes replies from several; so after the TLS
-//! handshake a **pump** moves bytes between the TLS socket and one end of a Unix socket pair,
-//! and the rest of the server runs over the other end exactly as over a plain socket. The pump
-//! is two threads sharing the session under a mutex, the TCP socket non-blocking, so neither
-//! direction waits for the other.
+//! handshake the shared **pump** (`flashpool_tlspump`, also used by NVMe/TCP) moves bytes
+//! between the TLS socket and one end of a Unix socket pair, and the rest of the server runs
+//! over the other end exactly as over a plain socket.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io;
+use std::os::fd::RawFd;
 
-use crate::transport::{dup, set_nonblocking};
+use crate::transport::dup;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use openssl::ssl::{
-    ErrorCode, Ssl, SslAcceptor, SslContext, SslFiletype, SslMethod, SslMode, SslStream,
-    SslVerifyMode, SslVersion,
+    Ssl, SslAcceptor, SslContext, SslFiletype, SslMethod, SslMode, SslVerifyMode, SslVersion,
 };
 
 /// Whether clients may or must use TLS.
@@ -196,95 +194,8 @@ impl Tls {
             stream.ssl().version_str(),
             stream.ssl().current_cipher().map_or("", |c| c.name())
         );
-        set_nonblocking(stream.get_ref().as_raw_fd(), true)?;
-        let (plain, inner) = UnixStream::pair()?;
-        let session = Arc::new(Mutex::new(stream));
-        let inner2 = inner.try_clone()?;
-        let s2 = Arc::clone(&session);
-        std::thread::Builder::new()
-            .name("nbd-tls-in".into())
-            .spawn(move || tls_to_plain(&session, inner))?;
-        std::thread::Builder::new()
-            .name("nbd-tls-out".into())
-            .spawn(move || plain_to_tls(&s2, inner2))?;
-        Ok(plain)
+        flashpool_tlspump::start(stream, "nbd-tls")
     }
-}
-
-/// Waits until `fd` is readable (`out` false) or writable (`out` true), at most a second.
-fn wait_fd(fd: RawFd, out: bool) {
-    let mut p = libc::pollfd {
-        fd,
-        events: if out { libc::POLLOUT } else { libc::POLLIN },
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, 1000) };
-}
-
-type Session = Arc<Mutex<SslStream<File>>>;
-
-fn lock(s: &Session) -> std::sync::MutexGuard<'_, SslStream<File>> {
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Decrypted bytes from the client, to the plain end.
-fn tls_to_plain(s: &Session, mut plain: UnixStream) {
-    let fd = lock(s).get_ref().as_raw_fd();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let r = lock(s).ssl_read(&mut buf);
-        match r {
-            Ok(0) => break,
-            Ok(n) => {
-                if plain.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e) if e.code() == ErrorCode::WANT_READ => wait_fd(fd, false),
-            Err(e) if e.code() == ErrorCode::WANT_WRITE => wait_fd(fd, true),
-            Err(e) => {
-                if e.code() != ErrorCode::ZERO_RETURN {
-                    tracing::debug!("TLS read: {e}");
-                }
-                break;
-            }
-        }
-    }
-    // The client is gone: the session's reader sees the end of the stream.
-    let _ = plain.shutdown(std::net::Shutdown::Both);
-}
-
-/// Replies from the plain end, encrypted to the client.
-fn plain_to_tls(s: &Session, mut plain: UnixStream) {
-    let fd = lock(s).get_ref().as_raw_fd();
-    let mut buf = vec![0u8; 64 * 1024];
-    'outer: loop {
-        let n = match plain.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let mut at = 0;
-        while at < n {
-            let r = lock(s).ssl_write(&buf[at..n]);
-            match r {
-                Ok(k) => at += k,
-                Err(e) if e.code() == ErrorCode::WANT_WRITE => wait_fd(fd, true),
-                Err(e) if e.code() == ErrorCode::WANT_READ => wait_fd(fd, false),
-                Err(e) => {
-                    tracing::debug!("TLS write: {e}");
-                    break 'outer;
-                }
-            }
-        }
-    }
-    // The session ended: say so to the client and close the socket for both pump halves.
-    let mut st = lock(s);
-    let _ = st.shutdown();
-    // SAFETY: shutdown on a descriptor the session owns and keeps open.
-    unsafe { libc::shutdown(st.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
-    drop(st);
-    let _ = plain.shutdown(std::net::Shutdown::Both);
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@
 //! `--dhchap-secret FILE` (lines `HOSTNQN DHHC-1:..: [CTRL-SECRET]`) makes
 //! those hosts authenticate with DH-HMAC-CHAP (tests/e2e/check-kernel-nvme-auth.sh);
 //! `--dhchap-dhgroup ffdheN` makes the exchange use that DH group when offered.
+//! `--tls off|on|require` with `--tls-psk FILE` (lines `HOSTNQN NVMeTLSkey-1:..:`)
+//! serves TLS 1.3 with pre-shared keys (tests/e2e/check-kernel-nvme-tls.sh).
 
 use std::sync::Arc;
 
@@ -48,6 +50,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut allowed = Vec::new();
     let mut secrets = None;
     let mut dhgroup = None;
+    let mut tls_mode = flashpool_nvmet::TlsMode::Off;
+    let mut tls_psk = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut val = |n: &str| it.next().ok_or_else(|| format!("{n} needs a value"));
@@ -63,6 +67,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     })?);
             }
             "--dhchap-secret" => secrets = Some(std::path::PathBuf::from(val("--dhchap-secret")?)),
+            "--tls" => tls_mode = val("--tls")?.parse().map_err(|e| format!("--tls {e}"))?,
+            "--tls-psk" => tls_psk = Some(std::path::PathBuf::from(val("--tls-psk")?)),
             "--size" => size = parse_size(&val("--size")?)?,
             "--namespaces" => {
                 count = val("--namespaces")?
@@ -78,7 +84,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "-h" | "--help" => {
-                println!("usage: nvmet-mem [--listen HOST:PORT] [--nqn NQN] [--size SIZE] [--namespaces N] [--block-size 512|4096] [--allow-host NQN]... [--dhchap-secret FILE] [--dhchap-dhgroup null|ffdhe2048..ffdhe8192]");
+                println!("usage: nvmet-mem [--listen HOST:PORT] [--nqn NQN] [--size SIZE] [--namespaces N] [--block-size 512|4096] [--allow-host NQN]... [--dhchap-secret FILE] [--dhchap-dhgroup null|ffdhe2048..ffdhe8192] [--tls off|on|require] [--tls-psk FILE]");
                 return Ok(());
             }
             other => return Err(format!("unknown argument '{other}'").into()),
@@ -108,10 +114,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for i in 1..=count {
         sub.add_namespace(i, ns(i));
     }
+    let (tls, warning) = flashpool_nvmet::NvmeTls::configure(tls_mode, tls_psk.as_deref())?;
+    if let Some(w) = warning {
+        eprintln!("nvmet-mem: warning: {w}");
+    }
+    if let Some(t) = &tls {
+        eprintln!("nvmet-mem: TLS {:?}: {}", t.mode, t.describe);
+    }
     let config = TargetConfig {
         subsystems: vec![sub],
         traddr: String::new(),
         trsvcid: String::new(),
+        tls,
     };
     let server = Server::bind(listen.as_str(), config)?;
     let stop = server.shutdown_handle();

@@ -234,7 +234,7 @@ fn get_log_page(ctrl: &Controller, target: &Target, cmd: &Command, local_addr: &
         return Outcome::status(Status::INVALID_FIELD);
     }
     let page = match (lid, ctrl.is_discovery()) {
-        (LID_DISCOVERY, true) => crate::discovery::log_page(target, local_addr),
+        (LID_DISCOVERY, true) => crate::discovery::log_page(target, local_addr, &ctrl.hostnqn),
         (LID_ERROR, _) => vec![0u8; 64],
         (LID_SMART, false) => {
             // Per namespace (LPA bit 0) or, for NSID 0 / 0xFFFFFFFF, the subsystem's.

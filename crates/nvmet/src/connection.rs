@@ -136,6 +136,8 @@ pub struct QueueState {
     pub sqsize: u16,
     /// In-band authentication of this queue (None: the host needs none).
     pub auth: Option<Box<crate::auth::QueueAuth>>,
+    /// The TLS secure channel the queue runs over (its PSK identity names the host).
+    pub tls: Option<crate::tls::TlsPeer>,
 }
 
 impl QueueState {
@@ -294,6 +296,29 @@ pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) 
     serve_io(stream, w, &close, &local_addr, target, shutdown)
 }
 
+/// Serve one queue arriving over TLS: `plain` is the pump's plain end
+/// ([`crate::tls::NvmeTls::accept`]), `secure` what the handshake established (Connect then
+/// checks the host NQN against the PSK identity's).
+pub fn serve_tls(
+    plain: std::os::unix::net::UnixStream,
+    local_addr: &str,
+    secure: crate::tls::TlsPeer,
+    target: Arc<Target>,
+    shutdown: Arc<AtomicBool>,
+) -> End {
+    if let Err(e) = plain.set_read_timeout(Some(POLL_INTERVAL)) {
+        return End::Io(e);
+    }
+    let (w, closer) = match (plain.try_clone(), plain.try_clone()) {
+        (Ok(w), Ok(c)) => (w, c),
+        (Err(e), _) | (_, Err(e)) => return End::Io(e),
+    };
+    let close = move |how| {
+        let _ = closer.shutdown(how);
+    };
+    serve_queue(plain, w, &close, local_addr, Some(secure), target, shutdown)
+}
+
 /// Serve one queue over any transport: `reader` gives what the host sends
 /// (a read that times out with `WouldBlock` or `TimedOut` lets the queue check
 /// keep-alive and shutdown), `writer` takes what the target sends, `closer`
@@ -305,6 +330,19 @@ pub fn serve_io<R: Read, W: Write + Send>(
     writer: W,
     closer: Closer<'_>,
     local_addr: &str,
+    target: Arc<Target>,
+    shutdown: Arc<AtomicBool>,
+) -> End {
+    serve_queue(reader, writer, closer, local_addr, None, target, shutdown)
+}
+
+/// [`serve_io`], with the TLS channel the queue runs over, if any.
+fn serve_queue<R: Read, W: Write + Send>(
+    reader: R,
+    writer: W,
+    closer: Closer<'_>,
+    local_addr: &str,
+    tls: Option<crate::tls::TlsPeer>,
     target: Arc<Target>,
     shutdown: Arc<AtomicBool>,
 ) -> End {
@@ -334,7 +372,10 @@ pub fn serve_io<R: Read, W: Write + Send>(
             target: target.clone(),
             shutdown,
             local_addr: local_addr.to_string(),
-            q: QueueState::default(),
+            q: QueueState {
+                tls,
+                ..QueueState::default()
+            },
             sq_head: 0,
             hdgst: false,
             ddgst: false,

@@ -229,6 +229,8 @@ pub struct TargetConfig {
     pub traddr: String,
     /// Port reported in discovery log entries.
     pub trsvcid: String,
+    /// The TLS secure channel (None: plain TCP only).
+    pub tls: Option<Arc<crate::tls::NvmeTls>>,
 }
 
 /// The kind of subsystem a controller belongs to.

@@ -2,7 +2,8 @@
 //! dynamic controller model), Property Get/Set, Disconnect and
 //! Authentication Send/Receive (the DH-HMAC-CHAP messages of [`crate::auth`]).
 //!
-//! Connect enforces the subsystem's host allow-list (a host not on it gets
+//! Connect over TLS must name the host of the connection's PSK identity (else Connect
+//! Invalid Host). Connect enforces the subsystem's host allow-list (a host not on it gets
 //! Connect Invalid Host, pointing at the host NQN) and, for a host with a
 //! secret, sets AUTHREQ.ATR in the response and starts the queue's
 //! authentication state: until it succeeds, only Connect, Authentication
@@ -111,6 +112,15 @@ fn connect(q: &mut QueueState, target: &Arc<Target>, cmd: &Command, data: &[u8])
     };
     if hostnqn.is_empty() {
         return invalid(true, 512);
+    }
+    // Over TLS, the host is the one the PSK identity names.
+    if let Some(t) = q.tls.as_ref().filter(|t| t.identity.hostnqn != hostnqn) {
+        tracing::warn!(
+            hostnqn,
+            psk_host = t.identity.hostnqn,
+            "connect refused: the host NQN is not the TLS PSK identity's"
+        );
+        return invalid_host();
     }
     if qid == 0 {
         let kind = if subnqn == DISCOVERY_NQN {

@@ -15,6 +15,9 @@
 //! - [`secret`]: DH-HMAC-CHAP secrets (`DHHC-1:..`), the key transformation
 //!   and the secrets file.
 //! - [`ffdhe`]: the RFC 7919 FFDHE groups' parameters.
+//! - [`psk`]: TLS pre-shared keys: the interchange format, the retained PSK,
+//!   PSK identity and TLS PSK derivation, the PSK file.
+//! - [`tls`]: the TLS 1.3 secure channel (OpenSSL, external PSK).
 //! - [`admin`]: admin commands (Identify, features, log pages, keep alive, AER).
 //! - [`io`]: NVM I/O commands (Read, Write, Flush, Write Zeroes, DSM).
 //! - [`health`]: the SMART / Health log page and the I/O counters behind it.
@@ -36,12 +39,16 @@ pub mod health;
 pub mod io;
 pub mod namespace;
 pub mod pdu;
+pub mod psk;
 pub mod secret;
 pub mod server;
 pub mod status;
+pub mod tls;
 
 pub use controller::{HostAccess, NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
 pub use health::{Health, IoCounters};
 pub use namespace::{MemNamespace, Namespace, NsError};
+pub use psk::{ConfiguredPsk, HostPsks};
 pub use secret::{HostSecrets, Secret, SecretEntry};
 pub use server::{RunningServer, Server};
+pub use tls::{NvmeTls, TlsMode};

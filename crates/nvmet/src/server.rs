@@ -1,5 +1,7 @@
 //! The NVMe/TCP listener: accepts connections and serves each on its own
-//! thread ([`crate::connection::serve`]).
+//! thread ([`crate::connection::serve`]); with TLS configured, each connection's first byte
+//! tells a TLS ClientHello (a handshake record, 0x16) from an ICReq (PDU type 0x00), and a
+//! TLS connection is served through [`crate::tls`] and [`crate::connection::serve_tls`].
 //!
 //! Thread-per-connection, with each command run inline on its connection's
 //! thread: the Linux initiator opens one connection per queue (admin plus one
@@ -17,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::controller::{Target, TargetConfig};
+use crate::tls::TlsMode;
 
 /// A handle that stops a running [`Server`].
 #[derive(Clone)]
@@ -119,9 +122,7 @@ impl Server {
                     threads.push(
                         std::thread::Builder::new()
                             .name("nvmet-conn".into())
-                            .spawn(move || {
-                                crate::connection::serve(stream, target, stop);
-                            })?,
+                            .spawn(move || serve_one(stream, peer, target, stop))?,
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -138,5 +139,54 @@ impl Server {
             let _ = t.join();
         }
         Ok(())
+    }
+}
+
+/// Serve one accepted connection: plain, or TLS when configured and the host starts with a
+/// ClientHello; under `require`, a plain connection is closed before its ICResp.
+fn serve_one(
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    target: Arc<Target>,
+    stop: Arc<AtomicBool>,
+) {
+    let Some(tls) = target.config.tls.clone().filter(|t| t.mode != TlsMode::Off) else {
+        crate::connection::serve(stream, target, stop);
+        return;
+    };
+    let mut first = [0u8; 1];
+    let _ = stream.set_read_timeout(Some(crate::tls::HANDSHAKE_TIMEOUT));
+    let is_tls = match stream.peek(&mut first) {
+        Ok(1) => first[0] == 0x16,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "connection closed before its first byte");
+            return;
+        }
+    };
+    if !is_tls {
+        if tls.mode == TlsMode::Require {
+            tracing::warn!(%peer, "plain NVMe/TCP connection refused: TLS is required");
+            return;
+        }
+        crate::connection::serve(stream, target, stop);
+        return;
+    }
+    let local_addr = stream
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    match tls.accept(stream) {
+        Ok((plain, secure)) => {
+            tracing::info!(
+                %peer,
+                identity = %secure.identity.hostnqn,
+                version = secure.identity.version,
+                cipher = %secure.cipher,
+                "TLS secure channel established"
+            );
+            crate::connection::serve_tls(plain, &local_addr, secure, target, stop);
+        }
+        Err(e) => tracing::warn!(%peer, error = %e, "TLS connection refused"),
     }
 }

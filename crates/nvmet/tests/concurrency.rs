@@ -32,6 +32,7 @@ fn config_with(nss: Vec<(u32, Arc<dyn Namespace>)>) -> TargetConfig {
         subsystems: vec![s],
         traddr: String::new(),
         trsvcid: String::new(),
+        tls: None,
     }
 }
 

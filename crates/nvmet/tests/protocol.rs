@@ -595,6 +595,7 @@ fn namespace_with_512_byte_blocks() {
             subsystems: vec![s],
             traddr: String::new(),
             trsvcid: String::new(),
+            tls: None,
         },
     )
     .unwrap();

@@ -21,6 +21,10 @@ pub struct FileConfig {
     pub nvme_nqn: Option<String>,
     pub nvme_allow_host: Option<Vec<String>>,
     pub nvme_dhchap_secret: Option<PathBuf>,
+    pub nvme_dhchap_dhgroup: Option<String>,
+    #[serde(default, deserialize_with = "tls_mode")]
+    pub nvme_tls: Option<String>,
+    pub nvme_tls_psk: Option<PathBuf>,
     pub socket: Option<PathBuf>,
     pub stdio: Option<bool>,
     #[serde(default, deserialize_with = "drives")]
@@ -257,6 +261,9 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(nvme_nqn, Some);
     set!(nvme_allow_host);
     set!(nvme_dhchap_secret, |p| Some(path(p)));
+    set!(nvme_dhchap_dhgroup, Some);
+    set!(nvme_tls);
+    set!(nvme_tls_psk, |p| Some(path(p)));
     set!(socket, |p| Some(path(p)));
     switch!(stdio);
     set!(drives, Some);
@@ -369,7 +376,7 @@ mod tests {
 
     #[test]
     fn nvme_host_access_keys() {
-        let text = "nvme-tcp = \"127.0.0.1:4420\"\nnvme-allow-host = [\"nqn.2014-08.org.nvmexpress:uuid:a\"]\nnvme-dhchap-secret = \"secrets\"\n";
+        let text = "nvme-tcp = \"127.0.0.1:4420\"\nnvme-allow-host = [\"nqn.2014-08.org.nvmexpress:uuid:a\"]\nnvme-dhchap-secret = \"secrets\"\nnvme-dhchap-dhgroup = \"ffdhe3072\"\n";
         let f = parse(text).unwrap();
         let (mut a, given) = args(&[]);
         apply(&mut a, f, &given, Path::new("/etc/flashpool"));
@@ -379,6 +386,26 @@ mod tests {
             Some(Path::new("/etc/flashpool/secrets")),
             "relative to the file"
         );
+        assert_eq!(a.nvme_dhchap_dhgroup.as_deref(), Some("ffdhe3072"));
+        let text =
+            "nvme-tcp = \"127.0.0.1:4420\"\nnvme-tls = \"require\"\nnvme-tls-psk = \"tls.psk\"\n";
+        let (mut a, given) = args(&[]);
+        apply(
+            &mut a,
+            parse(text).unwrap(),
+            &given,
+            Path::new("/etc/flashpool"),
+        );
+        assert_eq!(a.nvme_tls, "require");
+        assert_eq!(
+            a.nvme_tls_psk.as_deref(),
+            Some(Path::new("/etc/flashpool/tls.psk"))
+        );
+        let (mut a, given) = args(&["--nvme-tcp", "127.0.0.1:1", "--nvme-tls", "on"]);
+        apply(&mut a, parse(text).unwrap(), &given, Path::new("."));
+        assert_eq!(a.nvme_tls, "on", "the flag wins");
+        let err = parse("\nnvme-tls = \"maybe\"\n").unwrap_err();
+        assert!(err.starts_with("line 2, column "), "{err}");
         let err = parse("\nnvme-allow-host = \"nqn.x\"\n").unwrap_err();
         assert!(err.starts_with("line 2, column "), "{err}");
     }

@@ -36,6 +36,7 @@ pub fn config() -> TargetConfig {
         subsystems: vec![s],
         traddr: String::new(),
         trsvcid: String::new(),
+        tls: None,
     }
 }
 
