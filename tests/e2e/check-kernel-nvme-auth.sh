@@ -22,21 +22,9 @@
 # Guest consoles: $E2E_LOGS/kernel-nvme-auth-{null,ffdhe}.log.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-GUEST=$ROOT/tests/guest
-LOGS=${E2E_LOGS:-/tmp/nbd-e2e-logs}
-mkdir -p "$LOGS"
-export GUEST_TIMEOUT=${GUEST_TIMEOUT:-240}
 NQN=${NVME_NQN:-nqn.2024-01.io.flashpool:e2e-auth}
-new_workdir
-trap cleanup EXIT
-
-kpkg=${GUEST_AUTH_KERNEL_PKG:-$(apt-cache search --names-only '^linux-image-6\.[0-9]+\.[0-9]+\+deb12-amd64$' 2>/dev/null |
-    awk '{print $1}' | sort -V | tail -1)}
-[ -n "$kpkg" ] || die "no linux-image-6.*+deb12-amd64 package known to apt (run apt-get update)"
-export GUEST_CACHE=${GUEST_AUTH_CACHE:-$TARGET/guest-cache-auth} GUEST_KERNEL_PKG=$kpkg
-(cd "$ROOT" && cargo build --release -q -p flashpool-nvmet --example nvmet-mem) || die "cannot build nvmet-mem"
-bash "$GUEST/fetch.sh" >/dev/null || die "guest packages or $kpkg unavailable (see above)"
-config=$(ls "$GUEST_CACHE"/kernel/boot/config-* | head -1)
+guest_nvme_setup 240
+guest_newer_kernel
 if grep -q 'CONFIG_NVME_HOST_AUTH' "$config"; then
     auth_opt=CONFIG_NVME_HOST_AUTH
 else

@@ -17,15 +17,8 @@
 # be fetched or booted. Guest consoles: $E2E_LOGS/kernel-nvme-{plain,digests,hotplug}.log.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-GUEST=$ROOT/tests/guest
-LOGS=${E2E_LOGS:-/tmp/nbd-e2e-logs}
-mkdir -p "$LOGS"
-export GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
 NQN=${NVME_NQN:-nqn.2024-01.io.flashpool:e2e-kernel}
-new_workdir
-trap cleanup EXIT
-
-(cd "$ROOT" && cargo build --release -q -p flashpool-nvmet --example nvmet-mem) || die "cannot build nvmet-mem"
+guest_nvme_setup 180
 bash "$GUEST/fetch.sh" >/dev/null || die "guest packages unavailable (see above)"
 
 NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" \

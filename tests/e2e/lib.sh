@@ -86,3 +86,28 @@ export_size() { nbdinfo --size "$URI_UNIX"; }
 
 die() { echo "FAILED: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
+
+# guest_nvme_setup TIMEOUT: what every kernel NVMe/TCP check starts with: GUEST (tests/guest),
+# LOGS, GUEST_TIMEOUT (default TIMEOUT s), a work dir cleaned up on exit, and nvmet-mem built.
+guest_nvme_setup() {
+    GUEST=$ROOT/tests/guest
+    LOGS=${E2E_LOGS:-/tmp/nbd-e2e-logs}
+    mkdir -p "$LOGS"
+    export GUEST_TIMEOUT=${GUEST_TIMEOUT:-$1}
+    new_workdir
+    trap cleanup EXIT
+    (cd "$ROOT" && cargo build --release -q -p flashpool-nvmet --example nvmet-mem) || die "cannot build nvmet-mem"
+}
+
+# guest_newer_kernel: fetches the guest with bookworm's newest linux-image-6.*+deb12 (6.12:
+# in-band authentication and NVMe/TCP TLS, which the default 6.1 lacks; GUEST_AUTH_KERNEL_PKG
+# overrides) into its own cache ($TARGET/guest-cache-auth, GUEST_AUTH_CACHE overrides); sets
+# kpkg and config (the kernel's config file).
+guest_newer_kernel() {
+    kpkg=${GUEST_AUTH_KERNEL_PKG:-$(apt-cache search --names-only '^linux-image-6\.[0-9]+\.[0-9]+\+deb12-amd64$' 2>/dev/null |
+        awk '{print $1}' | sort -V | tail -1)}
+    [ -n "$kpkg" ] || die "no linux-image-6.*+deb12-amd64 package known to apt (run apt-get update)"
+    export GUEST_CACHE=${GUEST_AUTH_CACHE:-$TARGET/guest-cache-auth} GUEST_KERNEL_PKG=$kpkg
+    bash "$GUEST/fetch.sh" >/dev/null || die "guest packages or $kpkg unavailable (see above)"
+    config=$(ls "$GUEST_CACHE"/kernel/boot/config-* | head -1)
+}

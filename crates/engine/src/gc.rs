@@ -415,6 +415,17 @@ mod tests {
     use crate::{Pool, PoolConfig};
     use std::sync::Arc;
 
+    /// 4+1, 16 KiB chunks, 1 MiB segments: many segments on small memory drives.
+    fn small() -> PoolConfig {
+        PoolConfig {
+            k: 4,
+            m: 1,
+            chunk_size: 16 << 10,
+            segment_size: 1 << 20,
+            checkpoint_interval: 1 << 30,
+        }
+    }
+
     fn block(v: u8) -> Vec<u8> {
         let mut b = vec![v; 4096];
         b[0] = !v;
@@ -454,13 +465,7 @@ mod tests {
             let drives: Vec<DriveRef> = (0..5)
                 .map(|i| Arc::new(MemDrive::new(24 << 20, format!("mem:{i}"))) as DriveRef)
                 .collect();
-            let cfg = PoolConfig {
-                k: 4,
-                m: 1,
-                chunk_size: 16 << 10,
-                segment_size: 1 << 20,
-                checkpoint_interval: 1 << 30,
-            };
+            let cfg = small();
             let pool = Pool::create(drives, &cfg).unwrap();
             pool.create_volume_with("v", 32 << 20, crate::Compression::Off)
                 .unwrap();
@@ -521,13 +526,7 @@ mod tests {
             .map(|i| Arc::new(MemDrive::tracked(24 << 20, format!("mem:{i}"))))
             .collect();
         let refs = || -> Vec<DriveRef> { drives.iter().map(|d| d.clone() as DriveRef).collect() };
-        let cfg = PoolConfig {
-            k: 4,
-            m: 1,
-            chunk_size: 16 << 10,
-            segment_size: 1 << 20,
-            checkpoint_interval: 1 << 30,
-        };
+        let cfg = small();
         let pool = Pool::create(refs(), &cfg).unwrap();
         pool.create_volume_with("v", 8 << 20, crate::Compression::Off)
             .unwrap();

@@ -121,23 +121,5 @@ pub(crate) fn dup(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-/// Sets or clears `O_NONBLOCK` on descriptor `fd`.
-pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: fcntl flag manipulation on a descriptor the caller keeps open; no memory is
-    // passed.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = if on {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
+/// Sets or clears `O_NONBLOCK` on a descriptor (the pump's, one copy for both front-ends).
+pub(crate) use flashpool_tlspump::set_nonblocking;

@@ -36,6 +36,7 @@ pub mod discovery;
 pub mod fabrics;
 pub mod ffdhe;
 pub mod health;
+mod hostfile;
 pub mod io;
 pub mod namespace;
 pub mod pdu;

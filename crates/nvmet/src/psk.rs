@@ -279,32 +279,10 @@ impl HostPsks {
     /// skipped. Errors name the line and never quote a key.
     pub fn parse(text: &str) -> Result<HostPsks, String> {
         let mut keys = HashMap::new();
-        for (i, line) in text.lines().enumerate() {
-            let n = i + 1;
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() != 2 {
-                return Err(format!(
-                    "line {n}: expected `HOSTNQN NVMeTLSkey-1:..:`, found {} field(s)",
-                    fields.len()
-                ));
-            }
-            let hostnqn = fields[0];
-            if hostnqn.len() > 223 || !hostnqn.starts_with("nqn.") {
-                return Err(format!(
-                    "line {n}: {hostnqn:?} is not a host NQN (nqn.*, at most 223 bytes)"
-                ));
-            }
-            let key = ConfiguredPsk::parse(fields[1])
-                .map_err(|e| format!("line {n}: PSK of {hostnqn}: {e}"))?;
-            if keys.insert(hostnqn.to_string(), key).is_some() {
-                return Err(format!(
-                    "line {n}: host {hostnqn} appears twice (one PSK per host)"
-                ));
-            }
+        for l in crate::hostfile::host_lines(text, 1..=1, "HOSTNQN NVMeTLSkey-1:..:")? {
+            let key = ConfiguredPsk::parse(l.keys[0])
+                .map_err(|e| format!("line {}: PSK of {}: {e}", l.n, l.hostnqn))?;
+            keys.insert(l.hostnqn.to_string(), key);
         }
         Ok(HostPsks { keys })
     }
@@ -312,12 +290,7 @@ impl HostPsks {
     /// Reads a PSK file. A file others may read is refused; one the group may read is
     /// accepted with a warning (the second value).
     pub fn load(path: &std::path::Path) -> Result<(HostPsks, Option<String>), String> {
-        use std::os::unix::fs::PermissionsExt;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
-        let mode = std::fs::metadata(path)
-            .map(|m| m.permissions().mode() & 0o777)
-            .unwrap_or(0);
+        let (text, mode) = crate::hostfile::read(path)?;
         if mode & 0o004 != 0 {
             return Err(format!(
                 "{}: TLS PSK file is readable by others (mode {mode:o}); refusing it: chmod 600 it",

@@ -235,32 +235,13 @@ pub struct SecretEntry {
 /// (fields separated by spaces or tabs), `#` comments and blank lines
 /// ignored. Errors name the line; they never quote a secret.
 pub fn parse_secrets_file(text: &str) -> Result<Vec<SecretEntry>, String> {
-    let mut out: Vec<SecretEntry> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if !(2..=3).contains(&fields.len()) {
-            return Err(format!(
-                "line {n}: expected `HOSTNQN DHHC-1:..: [CONTROLLER-SECRET]`, found {} field(s)",
-                fields.len()
-            ));
-        }
-        let hostnqn = fields[0];
-        if hostnqn.len() > 223 || !hostnqn.starts_with("nqn.") {
-            return Err(format!(
-                "line {n}: {hostnqn:?} is not a host NQN (nqn.*, at most 223 bytes)"
-            ));
-        }
-        if out.iter().any(|e| e.hostnqn == hostnqn) {
-            return Err(format!("line {n}: host {hostnqn} appears twice"));
-        }
-        let host = Secret::parse(fields[1])
+    let lines = crate::hostfile::host_lines(text, 1..=2, "HOSTNQN DHHC-1:..: [CONTROLLER-SECRET]")?;
+    let mut out = Vec::with_capacity(lines.len());
+    for l in lines {
+        let (n, hostnqn) = (l.n, l.hostnqn);
+        let host = Secret::parse(l.keys[0])
             .map_err(|e| format!("line {n}: host secret of {hostnqn}: {e}"))?;
-        let ctrl = match fields.get(2) {
+        let ctrl = match l.keys.get(1) {
             Some(c) => Some(
                 Secret::parse(c)
                     .map_err(|e| format!("line {n}: controller secret of {hostnqn}: {e}"))?,
@@ -280,23 +261,17 @@ pub fn parse_secrets_file(text: &str) -> Result<Vec<SecretEntry>, String> {
 pub fn load_secrets_file(
     path: &std::path::Path,
 ) -> Result<(Vec<SecretEntry>, Option<String>), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
+    let (text, mode) = crate::hostfile::read(path)?;
     let entries = parse_secrets_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if entries.is_empty() {
         return Err(format!("{}: holds no secrets", path.display()));
     }
-    let warning = {
-        use std::os::unix::fs::PermissionsExt;
-        match std::fs::metadata(path) {
-            Ok(m) if m.permissions().mode() & 0o077 != 0 => Some(format!(
-                "{}: DH-HMAC-CHAP secrets file is readable by others (mode {:o}); chmod 600 it",
-                path.display(),
-                m.permissions().mode() & 0o777
-            )),
-            _ => None,
-        }
-    };
+    let warning = (mode & 0o077 != 0).then(|| {
+        format!(
+            "{}: DH-HMAC-CHAP secrets file is readable by others (mode {mode:o}); chmod 600 it",
+            path.display()
+        )
+    });
     Ok((entries, warning))
 }
 
