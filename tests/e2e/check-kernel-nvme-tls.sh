@@ -119,4 +119,29 @@ if grep -q 'panicked' "$WORK/server.log"; then die "nvmet-mem panicked"; fi
 kill -TERM "$SERVER_PID"
 wait "$SERVER_PID" || die "nvmet-mem exited with status $? on SIGTERM"
 SERVER_PID=
-echo "kernel NVMe/TCP TLS: PSK SHA-256, identities v0 and v1, wrong key and plain refused, TLS + DH-HMAC-CHAP"
+
+# The product as users run it: `flashpool serve --nvme-tls require` with the same key file,
+# the pool's volume as the namespace (flashpool only).
+if [ "${SERVER_KIND:-}" = flashpool ]; then
+    NVME_PORT=$((PORT + 1))
+    cp "$WORK/server.log" "$LOGS/kernel-nvme-tls-target.log"
+    : > "$WORK/server.log"
+    SERVER_CMD="$TARGET/release/flashpool serve --volume-size 64M --nvme-tcp 127.0.0.1:$NVME_PORT --nvme-allow-host $HOST_A --nvme-tls require --nvme-tls-psk $WORK/tls-psk" start_server
+    POOL_NQN=$(grep -o 'nqn\.[^ ]*pool-[0-9a-f-]*' "$WORK/server.log" | head -1)
+    [ -n "$POOL_NQN" ] || die "flashpool serve printed no NVMe/TCP URI"
+    rc=0
+    GUEST_EXTRA_INITRD=$extra GUEST_LOG=$LOGS/kernel-nvme-tls-serve.log bash "$GUEST/run-guest.sh" "$GUEST/nvme-tls.sh" \
+        NVME_ADDR=10.0.2.2 NVME_PORT="$NVME_PORT" NVME_NQN="$POOL_NQN" ONLY_A=1 \
+        HOST_A="$HOST_A" PSK_A="$PSK_A" || rc=$?
+    grep -a -E '^nvme-tls' "$LOGS/kernel-nvme-tls-serve.log" | tr -d '\r' || true
+    if [ "$rc" -ne 0 ]; then
+        tail -30 "$WORK/server.log" >&2
+        die "guest NVMe/TCP TLS run against flashpool serve (console: $LOGS/kernel-nvme-tls-serve.log)"
+    fi
+    grep -q 'TLS secure channel established' "$WORK/server.log" || die "flashpool serve logged no TLS session"
+    grep -q 'plain NVMe/TCP connection refused' "$WORK/server.log" || die "flashpool serve did not log the plain refusal"
+    grep -q panicked "$WORK/server.log" && die "flashpool serve panicked"
+    stop_server
+    echo "flashpool serve --nvme-tls require: the kernel initiator connected over TLS to the pool's volume; plain refused"
+fi
+echo "kernel NVMe/TCP TLS (nvmet-mem): PSK SHA-256, identities v0 and v1, wrong key and plain refused, TLS + DH-HMAC-CHAP"

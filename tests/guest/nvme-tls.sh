@@ -10,7 +10,8 @@
 # (SHA-384 key: see below), HOST_C/PSK_C_WRONG
 # (a key the target does not have for that host), HOST_D/PSK_D/DHCHAP_D (TLS and DH-HMAC-CHAP
 # together). Each accepted connection writes 4 MiB of random data with O_DIRECT and reads it
-# back (sha256).
+# back (sha256). ONLY_A=1: only host A connects over TLS and a plain connect is refused (the
+# round against `flashpool serve`).
 set -eu
 T0=$(date +%s)
 T=/opt/trixie
@@ -99,6 +100,14 @@ refuse() { # refuse NAME HOSTNQN OPTS...
     [ -z "$(dev_of 1 2>/dev/null || true)" ] || fail "$name: a namespace appeared anyway"
 }
 
+if [ -n "${ONLY_A:-}" ]; then
+    # Against `flashpool serve --nvme-tls require`: the pool's volume over TLS, plain refused.
+    insert "$HOST_A" "$PSK_A" 1
+    accept serve-tls-sha256 "$HOST_A" --tls
+    refuse serve-plain-when-tls-required "$HOST_A"
+    step "done"
+    exit 0
+fi
 insert "$HOST_A" "$PSK_A" 1
 insert "$HOST_B" "$PSK_B" 0
 insert "$HOST_C" "$PSK_C_WRONG" 0
