@@ -25,12 +25,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from benchlib import cpu_ticks, stop_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 1 << 30
@@ -71,12 +72,6 @@ def wait_socket(path, proc, what, timeout=30):
     raise SystemExit(f"{what} did not listen on {path}")
 
 
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime (after the comm field)
-
-
 class Target:
     def __init__(self, name, work, flashpool):
         self.name, self.work, self.flashpool = name, work, flashpool
@@ -109,12 +104,7 @@ class Target:
 
     def stop(self):
         if self.proc:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_server(self.proc)
             self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -29,12 +29,13 @@ import json
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import cpu_ticks, stop_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 1 << 30
@@ -47,12 +48,6 @@ POINTS = [
 ]
 PROTOS = ["nbd", "nvme-tcp"]
 HZ = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime (after the comm field)
 
 
 def busy_ticks():
@@ -99,13 +94,7 @@ class Server:
             raise SystemExit("flashpool serve printed no NBD and NVMe/TCP address in 120 s")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_server(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -78,16 +78,7 @@ grep -q 'readable by others' "$WORK/open.out" || { cat "$WORK/open.out" >&2; die
 echo "world-readable secrets file: warned"
 
 start_target() { # start_target EXTRA-ARGS...
-    NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" \
-        --nqn "$NQN" --size 64M --allow-host "$HOST_PLAIN" --dhchap-secret "$SECRETS" "$@" \
-        >"$WORK/server.log" 2>&1 &
-    SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        grep -q '^nvme-tcp://' "$WORK/server.log" && break
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; die "nvmet-mem exited early"; }
-        sleep 0.1
-    done
-    grep -q '^nvme-tcp://' "$WORK/server.log" || die "nvmet-mem did not come up"
+    start_nvmet_mem --nqn "$NQN" --size 64M --allow-host "$HOST_PLAIN" --dhchap-secret "$SECRETS" "$@"
     grep -q 'readable by others' "$WORK/server.log" && die "warned about a mode-600 secrets file"
     return 0
 }

@@ -75,17 +75,8 @@ fi
 grep -q 'readable by others' "$WORK/open.out" || { cat "$WORK/open.out" >&2; die "no error for a world-readable PSK file"; }
 echo "world-readable PSK file refused"
 
-NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" \
-    --nqn "$NQN" --size 64M --allow-host "$HOST_A" --allow-host "$HOST_B" --allow-host "$HOST_C" --allow-host "$HOST_E" \
-    --dhchap-secret "$WORK/dhchap-secrets" --tls require --tls-psk "$WORK/tls-psk" \
-    >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 100); do
-    grep -q '^nvme-tcp://' "$WORK/server.log" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; die "nvmet-mem exited early"; }
-    sleep 0.1
-done
-grep -q '^nvme-tcp://' "$WORK/server.log" || die "nvmet-mem did not come up"
+start_nvmet_mem --nqn "$NQN" --size 64M --allow-host "$HOST_A" --allow-host "$HOST_B" --allow-host "$HOST_C" \
+    --allow-host "$HOST_E" --dhchap-secret "$WORK/dhchap-secrets" --tls require --tls-psk "$WORK/tls-psk"
 
 rc=0
 echo "guest: TLS identities v1 and v0, SHA-384 tried, wrong key, plain refused, TLS + DH-HMAC-CHAP"

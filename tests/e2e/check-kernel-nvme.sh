@@ -21,15 +21,7 @@ NQN=${NVME_NQN:-nqn.2024-01.io.flashpool:e2e-kernel}
 guest_nvme_setup 180
 bash "$GUEST/fetch.sh" >/dev/null || die "guest packages unavailable (see above)"
 
-NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" \
-    --nqn "$NQN" --size "${NVME_SIZE:-256M}" >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 100); do
-    grep -q '^nvme-tcp://' "$WORK/server.log" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; die "nvmet-mem exited early"; }
-    sleep 0.1
-done
-grep -q '^nvme-tcp://' "$WORK/server.log" || die "nvmet-mem did not come up"
+start_nvmet_mem --nqn "$NQN" --size "${NVME_SIZE:-256M}"
 echo "nvmet-mem on 127.0.0.1:$PORT, $NQN"
 
 # guest_run NAME OPTS SMP: one boot running tests/guest/nvme-tcp.sh.

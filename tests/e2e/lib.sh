@@ -111,3 +111,18 @@ guest_newer_kernel() {
     bash "$GUEST/fetch.sh" >/dev/null || die "guest packages or $kpkg unavailable (see above)"
     config=$(ls "$GUEST_CACHE"/kernel/boot/config-* | head -1)
 }
+
+# start_nvmet_mem ARGS...: nvmet-mem on 127.0.0.1:$PORT with ARGS (log: $WORK/server.log,
+# truncated), in the background (SERVER_PID); returns once it printed its nvme-tcp:// URI.
+start_nvmet_mem() {
+    NVMET_LOG=${NVMET_LOG:-info} "$TARGET/release/examples/nvmet-mem" --listen "127.0.0.1:$PORT" "$@" \
+        >"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    local _i
+    for _i in $(seq 1 100); do
+        grep -q '^nvme-tcp://' "$WORK/server.log" && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; die "nvmet-mem exited early"; }
+        sleep 0.1
+    done
+    die "nvmet-mem did not come up"
+}

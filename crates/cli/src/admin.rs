@@ -451,11 +451,7 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
             ))
         }
         Op::VolumeDelete { name } => {
-            let id = pool
-                .volumes()
-                .into_iter()
-                .find(|v| v.name == name)
-                .map(|v| v.id);
+            let id = pool.volume(&name).ok().map(|v| v.id());
             pool.delete_volume(&name)?;
             if let (Some(n), Some(id)) = (ctx.nvme.get(), id) {
                 n.volume_deleted(id);

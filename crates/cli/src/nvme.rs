@@ -129,12 +129,7 @@ pub fn with_default_port(addr: &str) -> String {
 /// Volume `name` of `pool` as namespace (NSID = the volume's id, which is never reused).
 fn namespace_of(pool: &Arc<Pool>, name: &str) -> Result<(u32, Arc<dyn Namespace>)> {
     let vol = pool.volume(name)?;
-    let id = pool
-        .volumes()
-        .into_iter()
-        .find(|v| v.name == name)
-        .map(|v| v.id)
-        .ok_or_else(|| anyhow::anyhow!("volume {name} is gone"))?;
+    let id = vol.id();
     let mut uuid = pool.uuid();
     for (b, x) in uuid[12..].iter_mut().zip(id.to_be_bytes()) {
         *b ^= x;

@@ -154,23 +154,22 @@ impl Inner {
             }
         }
         let margin = checkpoint_bytes / room.segment_capacity.max(1.0);
-        match (best, best_covered) {
-            (Some((_, u, _)), Some((_, uc, c))) if uc - u <= margin => Some(c),
-            (b, c) => {
-                if let Some((_, u, s)) = b {
-                    if w.segs.closed_seq[s as usize] >= covered_before {
-                        tracing::debug!(
-                            segment = s,
-                            u,
-                            covered_u = c.map(|c| c.1),
-                            margin,
-                            "victim written since the checkpoint"
-                        );
-                    }
-                }
-                b.map(|(_, _, s)| s)
+        if let (Some((_, u, _)), Some((_, uc, c))) = (best, best_covered) {
+            if uc - u <= margin {
+                return Some(c);
             }
         }
+        let (_, u, s) = best?;
+        if w.segs.closed_seq[s as usize] >= covered_before {
+            tracing::debug!(
+                segment = s,
+                u,
+                covered_u = best_covered.map(|c| c.1),
+                margin,
+                "victim written since the checkpoint"
+            );
+        }
+        Some(s)
     }
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
@@ -377,24 +376,20 @@ impl Inner {
             Err(Error::NoSpace) => true,
             Err(e) => return Err(e),
         };
-        let short = {
+        let reclaimed = {
             let w = self.writer.lock();
-            (no_room || w.segs.free_count() <= target)
-                && w.segs.states.contains(&SegState::Reclaimed)
-        };
-        if short {
-            tracing::debug!(
-                no_room,
-                reclaimed = self
-                    .writer
-                    .lock()
-                    .segs
+            if no_room || w.segs.free_count() <= target {
+                w.segs
                     .states
                     .iter()
                     .filter(|s| **s == SegState::Reclaimed)
-                    .count(),
-                "checkpoint to free cleaned segments"
-            );
+                    .count()
+            } else {
+                0
+            }
+        };
+        if reclaimed > 0 {
+            tracing::debug!(no_room, reclaimed, "checkpoint to free cleaned segments");
             self.checkpoint()?;
         }
         Ok(())

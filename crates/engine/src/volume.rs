@@ -100,6 +100,11 @@ impl Volume {
         Volume { pool, vol }
     }
 
+    /// The volume's id (never reused within a pool: NVMe/TCP serves it as the NSID).
+    pub fn id(&self) -> u32 {
+        self.vol.id
+    }
+
     /// The volume's name.
     pub fn name(&self) -> &str {
         &self.vol.name

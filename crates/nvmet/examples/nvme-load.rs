@@ -39,6 +39,9 @@ use flashpool_nvmet::pdu::{
 };
 use flashpool_nvmet::DISCOVERY_NQN;
 
+mod common;
+use common::parse_size;
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Res<T> = Result<T, Error>;
 
@@ -62,21 +65,6 @@ struct Args {
     size: Option<u64>,
     /// Writes through R2T/H2CData even when in-capsule data would fit.
     r2t: bool,
-}
-
-fn parse_size(s: &str) -> Res<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("bad size '{s}'").into())
 }
 
 fn parse_args() -> Res<Args> {

@@ -20,19 +20,8 @@ use std::sync::Arc;
 
 use flashpool_nvmet::{HostAccess, MemNamespace, Server, Subsystem, TargetConfig};
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("bad size '{s}'"))
-}
+mod common;
+use common::parse_size;
 
 fn main() {
     if let Err(e) = run() {
