@@ -127,10 +127,18 @@ impl Inner {
             sb.generation
         };
         self.write_superblocks_gen(generation)?;
+        // The log after a version-4 checkpoint is stamped (a pool an older build wrote starts
+        // here); still under the writer lock, so no record after it goes unstamped.
+        self.stamps.start_above(0);
         let reclaimed: Vec<u32> = (0..w.segs.states.len() as u32)
             .filter(|&s| w.segs.states[s as usize] == SegState::Reclaimed)
             .collect();
         if !reclaimed.is_empty() {
+            let mut pending = self.reclaimed_records.lock();
+            for s in &reclaimed {
+                pending.remove(s);
+            }
+            drop(pending);
             self.discard_segments(&reclaimed);
             for &s in &reclaimed {
                 w.segs.states[s as usize] = SegState::Free;

@@ -105,29 +105,13 @@ impl Inner {
     /// The segment to clean next, if any holds garbage worth the work.
     /// Only segments closed before sequence number `before` are candidates: a cleaning run
     /// never picks what it wrote itself.
-    ///
-    /// Segments the latest checkpoint covers come first when they cost little more: an
-    /// emptied segment it covers is freed by a small log record (`reuse`), one written since
-    /// needs a checkpoint of the whole map. So the policy's choice is passed over for the
-    /// best covered segment whose live fraction is higher by less than the checkpoint is
-    /// against a segment's capacity (the extra data moved is then smaller than the
-    /// checkpoint the choice would force).
     pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
         let room = self.room_now();
-        let (covered_before, checkpoint_bytes) = {
-            let sb = self.sb.lock();
-            if sb.checkpoint.len == 0 {
-                (0, 0.0) // no checkpoint: nothing is covered, and nothing to weigh
-            } else {
-                (sb.checkpoint.seq_start, sb.checkpoint.len as f64)
-            }
-        };
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
-        // (score, live fraction, segment) of the best candidate, and of the best covered one.
-        let mut best: Option<(f64, f64, u32)> = None;
-        let mut best_covered: Option<(f64, f64, u32)> = None;
+        // (score, segment) of the best candidate.
+        let mut best: Option<(f64, u32)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
             if *st != SegState::Used || w.segs.closed_seq[i] >= before {
                 continue;
@@ -143,33 +127,11 @@ impl Inner {
                     (1.0 - u) * age / (1.0 + u)
                 }
             };
-            let candidate = Some((score, u, i as u32));
-            if best.is_none_or(|(b, _, _)| score > b) {
-                best = candidate;
-            }
-            if w.segs.closed_seq[i] < covered_before
-                && best_covered.is_none_or(|(b, _, _)| score > b)
-            {
-                best_covered = candidate;
+            if best.is_none_or(|(b, _)| score > b) {
+                best = Some((score, i as u32));
             }
         }
-        let margin = checkpoint_bytes / room.segment_capacity.max(1.0);
-        if let (Some((_, u, _)), Some((_, uc, c))) = (best, best_covered) {
-            if uc - u <= margin {
-                return Some(c);
-            }
-        }
-        let (_, u, s) = best?;
-        if w.segs.closed_seq[s as usize] >= covered_before {
-            tracing::debug!(
-                segment = s,
-                u,
-                covered_u = best_covered.map(|c| c.1),
-                margin,
-                "victim written since the checkpoint"
-            );
-        }
-        Some(s)
+        best.map(|(_, s)| s)
     }
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
@@ -248,6 +210,25 @@ impl Inner {
         for desc in stripes.values() {
             self.relocate_stripe(desc, urgent)?;
         }
+        // What a recovery may need from the segment's stripes besides the blocks just moved:
+        // `reuse` logs it again to free the segment without a checkpoint.
+        // Stripes of an earlier fill (left where a drive ignored the discard) logged nothing
+        // a recovery needs: everything they held was superseded before that fill was freed.
+        let fill_seq = self.writer.lock().segs.fill_seq[seg as usize];
+        let kept: Option<Vec<(u64, Record)>> = stripes
+            .values()
+            .filter(|d| d.kind == StripeKind::Data && d.seq >= fill_seq)
+            .map(|d| {
+                d.records.as_ref().map(|recs| {
+                    recs.iter()
+                        .filter(|r| !matches!(r, Record::Write { .. } | Record::SegmentFree { .. }))
+                        .map(|r| (d.seq, r.clone()))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect());
+        self.reclaimed_records.lock().insert(seg, kept);
         if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
             // Some stripe's records could not be read (every full header copy sits on a drive
             // that is lost, or behind a torn chunk): find the blocks from the maps instead.
@@ -427,96 +408,19 @@ mod tests {
         b
     }
 
-    /// Segments grouped by where blocks `lbas` of volume `v` lie now: (segment, its blocks).
-    fn blocks_by_segment(pool: &Pool, lbas: std::ops::Range<u64>) -> Vec<(u32, Vec<u64>)> {
-        let inner = &pool.inner;
-        let v = inner
-            .volume_by_id(inner.volumes.read().by_name["v"])
-            .unwrap();
-        let mut out: Vec<(u32, Vec<u64>)> = Vec::new();
-        for lba in lbas {
-            let Some(Entry::Media { offset, .. }) = Entry::decode(v.map.get(lba)) else {
-                panic!("block {lba} is on media");
-            };
-            let seg = SegmentTable::segment_of(&inner.geo, offset);
-            match out.last_mut() {
-                Some((s, b)) if *s == seg => b.push(lba),
-                _ => out.push((seg, vec![lba])),
-            }
-        }
-        out
-    }
-
-    /// The cleaner passes over a segment written since the latest checkpoint for one the
-    /// checkpoint covers (freed by a log record, not a whole checkpoint) when that costs
-    /// less extra moving than a checkpoint writes; not when the covered one is much fuller.
-    #[test]
-    fn victims_the_checkpoint_covers_come_first_when_they_cost_little_more() {
-        // How much emptier the fresh segment is made than the covered one: a fraction of
-        // the margin, plus an absolute amount.
-        for (of_margin, plus, want_covered) in
-            [(0.0, 0.0, true), (0.5, 0.0, true), (1.0, 0.05, false)]
-        {
-            let drives: Vec<DriveRef> = (0..5)
-                .map(|i| Arc::new(MemDrive::new(24 << 20, format!("mem:{i}"))) as DriveRef)
-                .collect();
-            let cfg = small();
-            let pool = Pool::create(drives, &cfg).unwrap();
-            pool.create_volume_with("v", 32 << 20, crate::Compression::Off)
-                .unwrap();
-            let vol = pool.volume("v").unwrap();
-            for lba in 0..1500u64 {
-                vol.write(lba * 4096, &block(1)).unwrap();
-            }
-            pool.checkpoint().unwrap();
-            for lba in 1500..3000u64 {
-                vol.write(lba * 4096, &block(2)).unwrap();
-            }
-            pool.flush().unwrap();
-            let inner = &pool.inner;
-            // A whole segment of each kind: the first the checkpoint covers, and the second of the
-            // later writes (their first continues the segment open at the checkpoint).
-            let covered = blocks_by_segment(&pool, 0..1500).swap_remove(0);
-            let fresh = blocks_by_segment(&pool, 1500..3000).swap_remove(1);
-            let cp_len = inner.sb.lock().checkpoint.len as f64;
-            let margin = cp_len / inner.room_now().segment_capacity;
-            assert!(margin > 0.0, "a checkpoint was taken");
-            // Overwrite a third of the covered segment, then blocks of the fresh one until it
-            // is emptier by what the case asks: the fresh one is the policy's choice.
-            let u = |seg: u32| inner.utilisation(seg as usize, &inner.room_now());
-            for &lba in &covered.1[..covered.1.len() / 3] {
-                vol.write(lba * 4096, &block(3)).unwrap();
-            }
-            let want = u(covered.0) - margin * of_margin - plus;
-            let mut left = fresh.1.iter();
-            while u(fresh.0) > want {
-                let lba = left.next().expect("enough blocks to overwrite");
-                vol.write(lba * 4096, &block(3)).unwrap();
-            }
-            pool.flush().unwrap();
-            let (uc, uf) = (u(covered.0), u(fresh.0));
-            assert!(uf <= uc, "the fresh segment is the emptier ({uf} vs {uc})");
-            // Nothing else may compete: every other segment is fuller than both.
-            let victim = inner.pick_victim(u64::MAX).unwrap();
-            let picked_covered = victim == covered.0;
-            assert!(
-                victim == covered.0 || victim == fresh.0,
-                "picked segment {victim}, neither candidate"
-            );
-            assert_eq!(
-                picked_covered, want_covered,
-                "covered u {uc:.4}, fresh u {uf:.4}, margin {margin:.4}"
-            );
-            assert_eq!(want_covered, uc - uf <= margin, "the case tests the margin");
-        }
-    }
-
     /// A host write into the data stream's open stripe, made after the cleaner moved the same
     /// block into a GC stripe opened later (so the host's record comes first in the log):
     /// after a crash the host's contents stand, not the moved older ones. Before relocation
     /// records named where they moved a block from, recovery replayed the move over the write.
     #[test]
     fn host_write_after_a_move_into_a_later_stripe_survives_recovery() {
+        // Unstamped (no checkpoint yet: the move names its origin) and stamped.
+        for stamped in [false, true] {
+            host_write_after_a_move(stamped);
+        }
+    }
+
+    fn host_write_after_a_move(stamped: bool) {
         let drives: Vec<Arc<MemDrive>> = (0..5)
             .map(|i| Arc::new(MemDrive::tracked(24 << 20, format!("mem:{i}"))))
             .collect();
@@ -525,6 +429,10 @@ mod tests {
         let pool = Pool::create(refs(), &cfg).unwrap();
         pool.create_volume_with("v", 8 << 20, crate::Compression::Off)
             .unwrap();
+        if stamped {
+            pool.checkpoint().unwrap();
+        }
+        assert_eq!(pool.inner.stamps.on(), stamped);
         let vol = pool.volume("v").unwrap();
         // Block 0 and a segment's worth of others, then the others again: block 0's segment
         // is nearly empty and closed.
@@ -560,7 +468,11 @@ mod tests {
         let vol = pool.volume("v").unwrap();
         let mut b = vec![0u8; 4096];
         vol.read(0, &mut b).unwrap();
-        assert!(b == block(9), "block 0 reads {}, not the host's 9", b[1]);
+        assert!(
+            b == block(9),
+            "block 0 reads {}, not the host's 9 (stamped: {stamped})",
+            b[1]
+        );
         vol.read(1500 * 4096, &mut b).unwrap();
         assert!(b == block(7));
     }

@@ -88,6 +88,10 @@ pub struct SegmentTable {
     gc_reserve: usize,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
+    /// Sequence number of the first stripe of each segment's current fill: stripes below it
+    /// are left over from an earlier fill (a drive that ignores discards). 0 where unknown
+    /// (after a restart).
+    pub fill_seq: Vec<u64>,
     /// Bit d set when segment s may hold a chunk on drive d (all bits for segments whose
     /// history is unknown, after a restart).
     pub drives_used: Vec<u64>,
@@ -109,6 +113,7 @@ impl SegmentTable {
             reserve: 0,
             gc_reserve: 0,
             closed_seq: vec![0; n],
+            fill_seq: vec![0; n],
             drives_used: vec![u64::MAX; n],
             next_seq_hint: 0,
         }
@@ -244,6 +249,9 @@ impl SegmentTable {
             if attempt == 0 {
                 self.open_new(stream, urgent)?;
                 fresh = true;
+                if let Some(seg) = self.cursors[stream as usize].segment {
+                    self.fill_seq[seg as usize] = seq;
+                }
             }
         }
         Err(Error::invalid(format!(

@@ -10,7 +10,7 @@
 //! pool's members), `codec`
 //! (erasure coding), `format` (on-disk encodings), `map` (block maps), `layout` (segments and
 //! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`, `reuse`
-//! (the paths through the pool), `volume` (the byte-level block API), `pool` (shared state and
+//! (the paths through the pool), `stamp` (the log's order), `volume` (the byte-level block API), `pool` (shared state and
 //! the public entry points), `stats` (counters).
 
 pub mod aligned;
@@ -33,6 +33,7 @@ mod recovery;
 mod reuse;
 mod scan;
 mod scrub;
+mod stamp;
 pub mod stats;
 pub mod stripe;
 mod stripe_writer;

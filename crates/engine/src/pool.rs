@@ -6,7 +6,7 @@ use crate::aligned::AlignedBuf;
 use crate::codec::{codec_for, ErasureCode};
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
-use crate::format::header::MAX_NAME_LEN;
+use crate::format::header::{Record, MAX_NAME_LEN};
 use crate::format::superblock::{
     validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES,
 };
@@ -331,7 +331,18 @@ pub(crate) struct Inner {
     pub host_full: AtomicBool,
     /// The stripe writers' queue, once `Pool::start_stripe_writers` started them.
     pub stripe_queue: std::sync::OnceLock<Arc<crate::stripe_writer::StripeQueue>>,
+    /// Record stamps (on once the latest checkpoint's log is stamped).
+    pub stamps: crate::stamp::StampClock,
+    /// Per segment the cleaner emptied, the records a recovery may still need from its
+    /// stripes (trims, volume changes, segment frees), with their stripes' sequence numbers;
+    /// None where some stripe's records could not be read. `reuse` re-logs them to free the
+    /// segment without a checkpoint.
+    pub reclaimed_records: Mutex<HashMap<u32, Option<KeptRecords>>>,
 }
+
+/// Records of an emptied segment's stripes a recovery may still need, with the sequence
+/// numbers of their stripes (`Inner::reclaimed_records`).
+pub(crate) type KeptRecords = Vec<(u64, Record)>;
 
 /// Widest data width stripes grow to when drives are added.
 pub const MAX_WIDTH: usize = 16;
@@ -476,6 +487,8 @@ impl Inner {
             last_scrub: Mutex::new(None),
             host_full: AtomicBool::new(false),
             stripe_queue: std::sync::OnceLock::new(),
+            stamps: Default::default(),
+            reclaimed_records: Mutex::new(HashMap::new()),
             geo,
         })
     }

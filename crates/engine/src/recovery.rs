@@ -1,23 +1,28 @@
 //! Opening a pool: read the superblocks, load the latest checkpoint, roll the log forward, then
 //! write a fresh checkpoint.
 //!
-//! Roll-forward scans the segments that were free or open at checkpoint time for stripes
-//! newer than the checkpoint and applies them in sequence order. It stops at the first missing
-//! or unreadable stripe: every stripe before a completed flush is complete, so what is cut off
-//! was never flushed, and each of its blocks reads as its previous contents.
+//! Roll-forward scans the segments that were free or open at checkpoint time (and those a
+//! segment-free record names) for stripes newer than the checkpoint. A stamped log (after a
+//! version-4 checkpoint) is applied record by record in stamp order, skipping stripes that
+//! cannot be read: a stripe missing or torn was either never flushed or belonged to a segment
+//! the cleaner emptied and reused, and the records that superseded its blocks come later in
+//! stamp order. An unstamped log (older pools) is applied stripe by stripe in sequence order,
+//! stopping at the first missing or unreadable stripe: every stripe before a completed flush
+//! is complete, so what is cut off was never flushed, and each of its blocks reads as its
+//! previous contents.
 
 use crate::aligned::AlignedBuf;
 use crate::assembly::Assembly;
 use crate::compress::Compression;
 use crate::drive::DriveRef;
 use crate::error::{Error, Result};
-use crate::format::checkpoint::CheckpointImage;
+use crate::format::checkpoint::{CheckpointImage, STAMPED_LOG_VERSION};
 use crate::format::header::{Record, StripeKind};
 use crate::format::superblock::{Superblock, MEMBER_ACTIVE};
 use crate::format::BLOCK;
 use crate::layout::{SegState, SegmentTable};
 use crate::map::Entry;
-use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState, WriterState};
+use crate::pool::{DriveSlot, Inner, OpenOptions, SbState, VolumeState, VolumeTable, WriterState};
 use crate::scan::StripeDesc;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -111,8 +116,12 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
     )?;
     *inner.ignored.lock() = ignored;
     let started = std::time::Instant::now();
-    let space_known = inner.load_checkpoint()?;
-    let (replayed, repair) = inner.roll_forward(space_known)?;
+    let (space_known, stamped) = inner.load_checkpoint()?;
+    let (replayed, repair) = if stamped {
+        inner.roll_forward_stamped()?
+    } else {
+        inner.roll_forward(space_known)?
+    };
     inner.recount_live();
     let up = inner.healthy().iter().filter(|h| **h).count();
     if opts.read_only {
@@ -154,13 +163,14 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
 
 impl Inner {
     /// Loads the checkpoint the superblock names; returns whether it held the space each
-    /// segment's stripes took (a version-1 checkpoint did not). No checkpoint: every
-    /// segment is free, so the space is known (none).
-    fn load_checkpoint(&self) -> Result<bool> {
+    /// segment's stripes took (a version-1 checkpoint did not), and whether the log after it
+    /// is stamped (version 4 on). No checkpoint: every segment is free, so the space is known
+    /// (none), and the log is not stamped (stamping starts at the first checkpoint).
+    fn load_checkpoint(&self) -> Result<(bool, bool)> {
         let cp = self.sb.lock().checkpoint.clone();
         let mut w = self.writer.lock();
         if cp.len == 0 {
-            return Ok(true);
+            return Ok((true, false));
         }
         let mut stripes: BTreeMap<u64, StripeDesc> = BTreeMap::new();
         for &s in &cp.segments {
@@ -245,7 +255,10 @@ impl Inner {
             t.by_name.insert(v.name.clone(), v.id);
             t.by_id.insert(v.id, Arc::new(state));
         }
-        Ok(!img.segment_space.is_empty())
+        Ok((
+            !img.segment_space.is_empty(),
+            img.version >= STAMPED_LOG_VERSION,
+        ))
     }
 
     fn check_media_entry(&self, e: u64, lba: u64, blocks: u64) -> Result<()> {
@@ -356,6 +369,139 @@ impl Inner {
         Ok((applied, repair))
     }
 
+    /// Applies a stamped log (after a version-4 checkpoint): every readable stripe after the
+    /// checkpoint in the segments free or open at it, and in those it calls used that were
+    /// written again since, record by record in stamp order. Returns how many stripes were applied, and the
+    /// stripes that could only be read by reconstruction.
+    ///
+    /// No stripe is needed for its own sake: a stripe of a segment the cleaner emptied may
+    /// have been overwritten since, but every block it held was moved, overwritten or trimmed
+    /// by a later record in a stripe still there, and the trims and volume changes it held
+    /// were logged again before it was reused (`reuse`). A
+    /// stripe a crash cut off was never flushed. So a missing or unreadable stripe is skipped,
+    /// not the end of the log.
+    fn roll_forward_stamped(&self) -> Result<(u64, Vec<StripeDesc>)> {
+        let cp_end = self.sb.lock().checkpoint.seq_end;
+        let mut w = self.writer.lock();
+        let states_at_cp = w.segs.states.clone();
+        // The segments free or open at the checkpoint, and those it calls used that were
+        // emptied and written again since (the cleaner frees a segment by flushing the moves
+        // out of it; the first chunk header tells a rewritten segment).
+        let mut fills: BTreeMap<u32, u64> = BTreeMap::new();
+        let scan: Vec<u32> = (0..self.geo.segment_count)
+            .filter(|&s| {
+                let fill = match states_at_cp[s as usize] {
+                    SegState::Free | SegState::Open | SegState::Used => {
+                        self.rewritten_since(s, cp_end)
+                    }
+                    _ => None,
+                };
+                if let Some(f) = fill {
+                    fills.insert(s, f);
+                }
+                fill.is_some()
+                    || matches!(states_at_cp[s as usize], SegState::Free | SegState::Open)
+            })
+            .collect();
+        let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
+        for &s in &scan {
+            if fills.contains_key(&s) {
+                // Written again since the checkpoint: its space is counted anew.
+                self.written_slots[s as usize].store(0, Ordering::Relaxed);
+            }
+            self.scan_into_log(s, cp_end, &mut log);
+        }
+        let max_seen = log.keys().next_back().copied().unwrap_or(0).max(cp_end);
+        let max_stamp = log
+            .values()
+            .filter_map(|d| d.records.as_ref())
+            .flatten()
+            .filter_map(Record::stamp)
+            .max()
+            .unwrap_or(0);
+
+        // The stripes to apply, and their records in stamp order.
+        let mut repair = Vec::new();
+        let mut applied: Vec<StripeDesc> = Vec::new();
+        for d in log.into_values() {
+            if d.kind == StripeKind::Checkpoint {
+                continue; // an unfinished checkpoint: its space is free again
+            }
+            if d.records.is_none() {
+                tracing::info!(
+                    seq = d.seq,
+                    "stripe skipped: no readable copy of its records"
+                );
+                continue;
+            }
+            if d.w > 0 {
+                match self.read_stripe_lost(&d, None) {
+                    Err(e) => {
+                        tracing::info!(seq = d.seq, error = %e, "stripe skipped: incomplete");
+                        continue;
+                    }
+                    Ok((_, lost)) if lost > 0 => repair.push(d.clone()),
+                    Ok(_) => {}
+                }
+            }
+            applied.push(d);
+        }
+        let mut order: Vec<(u64, usize, usize)> = Vec::new();
+        for (i, d) in applied.iter().enumerate() {
+            for (j, r) in d.records.as_deref().unwrap_or(&[]).iter().enumerate() {
+                match (r, r.stamp()) {
+                    // Not written in a stamped log (a rewritten segment is found by its first
+                    // header); one that is there changes nothing.
+                    (Record::SegmentFree { .. }, _) => {}
+                    (_, Some(stamp)) => order.push((stamp, i, j)),
+                    (_, None) => {
+                        return Err(Error::corrupt(format!(
+                            "stripe {} holds an unstamped record after a stamped checkpoint",
+                            d.seq
+                        )))
+                    }
+                }
+            }
+        }
+        // Stable by stamp, then stripe: a record logged again keeps its stamp, so copies of
+        // one record sort together.
+        order.sort_unstable();
+        {
+            let mut t = self.volumes.write();
+            for &(_, i, j) in &order {
+                let d = &applied[i];
+                let r = &d.records.as_deref().expect("applied stripes have records")[j];
+                self.apply_record(&mut t, d, r)?;
+            }
+        }
+        for d in &applied {
+            // A stripe of an earlier fill of a rewritten segment takes no space now (nor,
+            // when the newest fill began with a narrow stripe, does that stripe: the cleaner's
+            // measure is an estimate).
+            let current = fills.get(&d.segment).is_none_or(|&f| d.seq >= f);
+            if d.kind == StripeKind::Data && current {
+                let space = Inner::stripe_space(&d.chunks, d.w, d.m);
+                self.written_slots[d.segment as usize].fetch_add(space, Ordering::Relaxed);
+            }
+            w.segs.states[d.segment as usize] = SegState::Used;
+        }
+        // Never append after a crash point: open segments are closed as they are.
+        for st in w.segs.states.iter_mut() {
+            if *st == SegState::Open {
+                *st = SegState::Used;
+            }
+        }
+        w.next_seq = max_seen + 1 + SEQ_GAP;
+        self.stamps.start_above(max_stamp + crate::stamp::STAMP_GAP);
+        tracing::info!(
+            stripes = applied.len(),
+            records = order.len(),
+            rewritten = fills.len(),
+            "stamped log replayed"
+        );
+        Ok((applied.len() as u64, repair))
+    }
+
     /// Adds the stripes of segment `s` newer than `after` to `log` (a stripe's records from
     /// whichever copy has them).
     fn scan_into_log(&self, s: u32, after: u64, log: &mut BTreeMap<u64, StripeDesc>) {
@@ -389,81 +535,94 @@ impl Inner {
     fn apply_records(&self, d: &StripeDesc, records: &[Record]) -> Result<()> {
         let mut t = self.volumes.write();
         for r in records {
-            match r {
-                Record::Write {
-                    vol,
-                    lba,
-                    chunk,
-                    offset,
-                    len,
-                    crc,
-                    from,
-                    ..
-                } => {
-                    let Some(v) = t.by_id.get(vol) else { continue };
-                    if from.is_some_and(|f| v.map.get(*lba) != f) {
-                        // A relocation of contents overwritten, trimmed or moved since (by a
-                        // record earlier in the log but later in time): not applied.
-                        continue;
-                    }
-                    let c = d
-                        .chunks
-                        .get(*chunk as usize)
-                        .filter(|_| (*chunk as usize) < d.w);
-                    let Some(c) = c else {
-                        return Err(Error::corrupt(format!(
-                            "stripe {} record names chunk {chunk}",
-                            d.seq
-                        )));
-                    };
-                    if *offset as u64 + *len as u64 > c.len as u64 {
-                        return Err(Error::corrupt(format!(
-                            "stripe {} record past its chunk",
-                            d.seq
-                        )));
-                    }
-                    if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
-                        let e = Entry::in_chunk(c, *offset, *len, *crc);
-                        v.map.swap(*lba, e.encode());
-                    }
+            self.apply_record(&mut t, d, r)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one record of stripe `d` to the volume table.
+    fn apply_record(&self, t: &mut VolumeTable, d: &StripeDesc, r: &Record) -> Result<()> {
+        match r {
+            Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                crc,
+                from,
+                ..
+            } => {
+                let Some(v) = t.by_id.get(vol) else {
+                    return Ok(());
+                };
+                if from.is_some_and(|f| v.map.get(*lba) != f) {
+                    // A relocation of contents overwritten, trimmed or moved since (by a
+                    // record earlier in the log but later in time): not applied.
+                    return Ok(());
                 }
-                Record::Trim { vol, lba, count } => {
-                    if let Some(v) = t.by_id.get(vol) {
-                        v.map.clear_range(*lba, *count, |_| {});
-                    }
+                let c = d
+                    .chunks
+                    .get(*chunk as usize)
+                    .filter(|_| (*chunk as usize) < d.w);
+                let Some(c) = c else {
+                    return Err(Error::corrupt(format!(
+                        "stripe {} record names chunk {chunk}",
+                        d.seq
+                    )));
+                };
+                if *offset as u64 + *len as u64 > c.len as u64 {
+                    return Err(Error::corrupt(format!(
+                        "stripe {} record past its chunk",
+                        d.seq
+                    )));
                 }
-                Record::VolumeCreate {
-                    vol,
-                    size,
-                    name,
-                    compression,
-                } => {
-                    if !t.by_id.contains_key(vol) && !t.by_name.contains_key(name) {
-                        let c = Compression::from_u8(*compression)?;
-                        t.by_name.insert(name.clone(), *vol);
-                        t.by_id
-                            .insert(*vol, Arc::new(VolumeState::new(*vol, name, *size, c)));
-                    }
-                    t.next_id = t.next_id.max(vol + 1);
+                if *lba < v.size.load(Ordering::Relaxed).div_ceil(BLOCK as u64) {
+                    let e = Entry::in_chunk(c, *offset, *len, *crc);
+                    v.map.swap(*lba, e.encode());
                 }
-                Record::VolumeDelete { vol } => {
-                    if let Some(v) = t.by_id.remove(vol) {
-                        t.by_name.remove(&v.name);
-                    }
-                }
-                Record::VolumeCompression { vol, compression } => {
-                    if let Some(v) = t.by_id.get(vol) {
-                        v.compressor.set(Compression::from_u8(*compression)?);
-                    }
-                }
-                Record::VolumeResize { vol, size } => {
-                    if let Some(v) = t.by_id.get(vol) {
-                        v.resize(*size, |_| {});
-                    }
-                }
-                // The roll-forward frees the segment and scans it (`free_segment_at`).
-                Record::SegmentFree { .. } => {}
             }
+            Record::Trim {
+                vol, lba, count, ..
+            } => {
+                if let Some(v) = t.by_id.get(vol) {
+                    v.map.clear_range(*lba, *count, |_| {});
+                }
+            }
+            Record::VolumeCreate {
+                vol,
+                size,
+                name,
+                compression,
+                ..
+            } => {
+                if !t.by_id.contains_key(vol) && !t.by_name.contains_key(name) {
+                    let c = Compression::from_u8(*compression)?;
+                    t.by_name.insert(name.clone(), *vol);
+                    t.by_id
+                        .insert(*vol, Arc::new(VolumeState::new(*vol, name, *size, c)));
+                }
+                t.next_id = t.next_id.max(vol + 1);
+            }
+            Record::VolumeDelete { vol, .. } => {
+                if let Some(v) = t.by_id.remove(vol) {
+                    t.by_name.remove(&v.name);
+                }
+            }
+            Record::VolumeCompression {
+                vol, compression, ..
+            } => {
+                if let Some(v) = t.by_id.get(vol) {
+                    v.compressor.set(Compression::from_u8(*compression)?);
+                }
+            }
+            Record::VolumeResize { vol, size, .. } => {
+                if let Some(v) = t.by_id.get(vol) {
+                    v.resize(*size, |_| {});
+                }
+            }
+            // The roll-forward frees the segment and scans it (`free_segment_at`).
+            Record::SegmentFree { .. } => {}
         }
         Ok(())
     }

@@ -9,8 +9,15 @@
 //! see the record, and only then look in the segment for newer stripes. So the segment is
 //! free once that flush returns, without rewriting the whole block map.
 //!
-//! Otherwise (the segment holds stripes after the checkpoint, which a recovery would replay)
-//! it stays Reclaimed until the next checkpoint, which frees it (see `checkpoint`).
+//! A segment written since the checkpoint (its stripes are in the log a recovery replays) is
+//! freed without a checkpoint too when the log is stamped (`stamp`): recovery orders records
+//! by stamp, so the moves out of the segment apply without the writes they moved, and its
+//! stripes may be overwritten. What else they logged (trims, volume changes, segment-free
+//! records: `Inner::reclaimed_records`, kept when the cleaner read them) is appended again
+//! with its stamps, then flushed with the moves. The records written before the checkpoint
+//! are not needed, and a segment whose records could not all be read, or whose records would
+//! cost more than a share of a checkpoint, waits for the next checkpoint, which frees it
+//! (see `checkpoint`), as every such segment does in an unstamped log.
 //!
 //! Either way the freed range is discarded on every drive (`Drive::discard`) before anything
 //! can be written there again, so a drive with its own FTL stops copying what we no longer
@@ -22,56 +29,105 @@ use crate::layout::{SegState, SegmentTable, Stream};
 use crate::pool::Inner;
 use crate::stats::Stats;
 
+/// Records logged again to free segments may take up to 1/`RELOG_SHARE` of the last
+/// checkpoint's size per freeing round (at least `MIN_RELOG_ROOM` bytes); past that, the next
+/// checkpoint is the cheaper way (a trim-heavy segment).
+const RELOG_SHARE: u64 = 16;
+const MIN_RELOG_ROOM: u64 = 4096;
+
 impl Inner {
     /// Frees, by log records, every reclaimed segment the latest checkpoint covers; returns
     /// how many. Takes the checkpoint lock, so no checkpoint frees them meanwhile (a record
     /// for a segment a checkpoint already freed would name a free segment).
     pub(crate) fn free_reclaimed(&self) -> Result<usize> {
         let _no_checkpoint = self.cp_lock.lock();
-        let covered_before = {
+        let (covered_before, cp_end) = {
             let sb = self.sb.lock();
             if sb.checkpoint.len == 0 {
                 return Ok(0); // no checkpoint: recovery replays every segment's stripes
             }
-            sb.checkpoint.seq_start
+            (sb.checkpoint.seq_start, sb.checkpoint.seq_end)
         };
-        let segs: Vec<u32> = {
+        let stamped = self.stamps.on();
+        let (covered, written_since, relog_room): (Vec<u32>, Vec<u32>, u64) = {
             let w = self.writer.lock();
-            (0..w.segs.states.len())
-                .filter(|&s| {
-                    w.segs.states[s] == SegState::Reclaimed && w.segs.closed_seq[s] < covered_before
-                })
-                .map(|s| s as u32)
-                .collect()
+            let reclaimed = (0..w.segs.states.len())
+                .filter(|&s| w.segs.states[s] == SegState::Reclaimed)
+                .map(|s| s as u32);
+            let (covered, since) =
+                reclaimed.partition(|&s| w.segs.closed_seq[s as usize] < covered_before);
+            (
+                covered,
+                since,
+                (w.last_cp_bytes / RELOG_SHARE).max(MIN_RELOG_ROOM),
+            )
         };
+        // In a stamped log a segment written since the checkpoint goes too, when its stripes'
+        // records were all read: what they hold besides the blocks moved out (trims, volume
+        // changes) is logged again first, with its stamps.
+        let mut relog: Vec<Record> = Vec::new();
+        let mut by_relog: Vec<u32> = Vec::new();
+        if stamped {
+            let pending = self.reclaimed_records.lock();
+            for s in written_since {
+                let Some(Some(kept)) = pending.get(&s) else {
+                    continue;
+                };
+                let needed: Vec<&Record> = kept
+                    .iter()
+                    .filter(|(seq, _)| *seq > cp_end)
+                    .map(|(_, r)| r)
+                    .collect();
+                let bytes: u64 = needed.iter().map(|r| r.encoded_len() as u64).sum();
+                let so_far: u64 = relog.iter().map(|r| r.encoded_len() as u64).sum();
+                if so_far + bytes > relog_room {
+                    continue; // cheaper to leave it to the next checkpoint
+                }
+                debug_assert!(
+                    needed.iter().all(|r| r.stamp().is_some()),
+                    "records after a stamped checkpoint are stamped"
+                );
+                relog.extend(needed.into_iter().cloned());
+                by_relog.push(s);
+            }
+        }
+        let segs: Vec<u32> = covered.iter().chain(&by_relog).copied().collect();
         if segs.is_empty() {
             return Ok(0);
         }
-        for &segment in &segs {
-            // In the cleaner's stream, after the moves out of the segment (every earlier stripe
-            // of either stream is made durable with it below). Urgent: freeing space may use the
-            // cleaner's reserve.
+        // In the cleaner's stream, after the moves out of the segments (every earlier stripe
+        // of either stream is made durable with them below). Urgent: freeing space may use the
+        // cleaner's reserve. A stamped log needs no segment-free record: recovery finds a
+        // rewritten segment by its first chunk header.
+        let free_records = covered
+            .iter()
+            .filter(|_| !stamped)
+            .map(|&segment| Record::SegmentFree { segment });
+        for rec in free_records.chain(relog) {
             self.logged_in(Stream::Gc, true, |open| {
-                Ok(open
-                    .push_record(Record::SegmentFree { segment })
-                    .then_some(()))
+                Ok(open.push_record(rec.clone()).then_some(()))
             })?;
         }
         self.flush_log()?;
         self.discard_segments(&segs);
         let mut w = self.writer.lock();
+        let mut pending = self.reclaimed_records.lock();
         for &s in &segs {
             debug_assert_eq!(
                 w.segs.states[s as usize],
                 SegState::Reclaimed,
                 "only the checkpoint frees reclaimed segments, and it waits for us"
             );
-        }
-        for &s in &segs {
             w.segs.states[s as usize] = SegState::Free;
+            pending.remove(&s);
         }
         Stats::add(&self.stats.segments_freed_by_log, segs.len() as u64);
-        tracing::debug!(freed = segs.len(), "segments freed by log records");
+        Stats::add(&self.stats.segments_freed_by_relog, by_relog.len() as u64);
+        tracing::debug!(
+            covered = covered.len(),
+            written_since = by_relog.len(),
+            "segments freed by log records"
+        );
         Ok(segs.len())
     }
 

@@ -44,41 +44,57 @@ impl StripeDesc {
 impl Inner {
     /// Reads the headers of drive `d`'s chunks in segment `seg`, in order.
     pub(crate) fn walk(&self, d: usize, seg: u32) -> Vec<ChunkHeader> {
-        let Some(drive) = self.drives[d].usable() else {
-            return Vec::new();
-        };
         let base = SegmentTable::segment_base(&self.geo, seg);
-        let end = base + self.geo.segment_size;
         let mut pos = base;
         let mut out = Vec::new();
-        let mut first = AlignedBuf::zeroed(BLOCK);
-        while pos + BLOCK as u64 <= end {
-            if drive.read_at(pos, &mut first).is_err() {
-                break;
-            }
-            Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
-            let Some(len) = ChunkHeader::peek_len(&first, &self.uuid) else {
-                break;
-            };
-            let hdr = if len == BLOCK {
-                ChunkHeader::decode(&first)
-            } else {
-                let mut full = AlignedBuf::zeroed(len);
-                if pos + len as u64 > end || drive.read_at(pos, &mut full).is_err() {
-                    break;
-                }
-                Stats::add(&self.stats.media_read_bytes, len as u64);
-                ChunkHeader::decode(&full)
-            };
-            let Ok(h) = hdr else { break };
-            let me = h.chunks[h.this_chunk as usize];
-            if h.segment != seg || me.drive as usize != d || me.offset != pos || me.end() > end {
-                break;
-            }
-            pos = me.end();
+        while let Some(h) = self.header_at(d, seg, pos) {
+            pos = h.chunks[h.this_chunk as usize].end();
             out.push(h);
         }
         out
+    }
+
+    /// The chunk header at byte `pos` of drive `d`, if one of segment `seg` is there (and
+    /// its chunk ends inside the segment).
+    fn header_at(&self, d: usize, seg: u32, pos: u64) -> Option<ChunkHeader> {
+        let drive = self.drives[d].usable()?;
+        let end = SegmentTable::segment_base(&self.geo, seg) + self.geo.segment_size;
+        if pos + BLOCK as u64 > end {
+            return None;
+        }
+        let mut first = AlignedBuf::zeroed(BLOCK);
+        drive.read_at(pos, &mut first).ok()?;
+        Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
+        let len = ChunkHeader::peek_len(&first, &self.uuid)?;
+        let h = if len == BLOCK {
+            ChunkHeader::decode(&first)
+        } else {
+            let mut full = AlignedBuf::zeroed(len);
+            if pos + len as u64 > end || drive.read_at(pos, &mut full).is_err() {
+                return None;
+            }
+            Stats::add(&self.stats.media_read_bytes, len as u64);
+            ChunkHeader::decode(&full)
+        }
+        .ok()?;
+        let me = h.chunks[h.this_chunk as usize];
+        (h.segment == seg && me.drive as usize == d && me.offset == pos && me.end() <= end)
+            .then_some(h)
+    }
+
+    /// Whether segment `seg` was written again after sequence number `after`, and if so the
+    /// sequence number its newest fill starts at, or just after: a stripe opened in a
+    /// segment starts at its beginning, so the first chunk header on some drive is newer;
+    /// the newest such header is the fill's first stripe or (when that one was narrow) a
+    /// later one. Stripes below it are left over from an earlier fill, or the fill's first.
+    /// One header read per drive.
+    pub(crate) fn rewritten_since(&self, seg: u32, after: u64) -> Option<u64> {
+        let base = SegmentTable::segment_base(&self.geo, seg);
+        (0..self.drives.len())
+            .filter_map(|d| self.header_at(d, seg, base))
+            .map(|h| h.seq)
+            .filter(|&seq| seq > after)
+            .max()
     }
 
     /// Every stripe found in segment `seg` on the usable drives, by sequence number; records

@@ -128,6 +128,9 @@ counters! {
     gc_runs,
     /// Emptied segments freed by a log record (no checkpoint needed).
     segments_freed_by_log,
+    /// Of those, segments written since the latest checkpoint (a stamped log: what they
+    /// logged besides their blocks was logged again).
+    segments_freed_by_relog,
     /// Emptied segments freed by a checkpoint (they held stripes a recovery would replay).
     segments_freed_at_checkpoint,
     /// Blocks stored compressed.

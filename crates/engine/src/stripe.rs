@@ -180,7 +180,8 @@ impl OpenStripe {
     /// block lands 4 KiB-aligned when it can; off alignment (after packed blocks) it is stored
     /// with its CRC32C in a trailer, so every stored form but the aligned one carries a full
     /// checksum. `crc` is the CRC32C of `data`; `from` is the map entry a relocation moves
-    /// the block from (see `Record::Write`).
+    /// the block from, `stamp` the record's stamp (see `Record::Write`).
+    #[allow(clippy::too_many_arguments)]
     pub fn append_block(
         &mut self,
         vol: u32,
@@ -189,6 +190,7 @@ impl OpenStripe {
         crc: u32,
         flags: u8,
         from: Option<u64>,
+        stamp: Option<u64>,
     ) -> Option<(u32, u32)> {
         debug_assert!(data.len() <= RAW_WITH_CRC && data.len().is_multiple_of(32));
         let probe = Record::Write {
@@ -200,6 +202,7 @@ impl OpenStripe {
             flags,
             crc,
             from,
+            stamp,
         };
         if !self.has_record_room(&probe) {
             return None;
@@ -235,6 +238,7 @@ impl OpenStripe {
             flags,
             crc,
             from,
+            stamp,
         };
         self.push_record(rec);
         Some((pos as u32, len as u32))
@@ -504,7 +508,7 @@ mod tests {
         let mut push = |o: &mut OpenStripe, data: Vec<u8>| {
             let crc = crate::crc::checksum(&data);
             lba += 1;
-            o.append_block(1, lba, &data, crc, 0, None).is_some()
+            o.append_block(1, lba, &data, crc, 0, None, None).is_some()
         };
         assert!(push(&mut o, vec![1; BLOCK]));
         assert!(push(&mut o, vec![2; 1056])); // packed

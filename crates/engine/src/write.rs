@@ -392,7 +392,10 @@ impl Inner {
             from.is_none_or(|f| v.map.get(lba) == f),
             "a relocation moves what the map holds"
         );
-        let (pos, len) = open.append_block(v.id, lba, stored, crc, flags, from)?;
+        // A stamped log orders records by their stamps: a move names no origin.
+        let stamp = self.stamps.take();
+        let from = if stamp.is_some() { None } else { from };
+        let (pos, len) = open.append_block(v.id, lba, stored, crc, flags, from, stamp)?;
         let new = Entry::Buffered {
             seq: open.seq,
             offset: pos,
@@ -418,6 +421,7 @@ impl Inner {
                 vol: vol.id,
                 lba,
                 count,
+                stamp: self.stamps.take(),
             }) {
                 return Ok(None);
             }
@@ -443,6 +447,7 @@ impl Inner {
                 size,
                 name: name.to_owned(),
                 compression: compression as u8,
+                stamp: self.stamps.take(),
             }) {
                 return Ok(None);
             }
@@ -469,6 +474,7 @@ impl Inner {
             if !open.push_record(Record::VolumeCompression {
                 vol: id,
                 compression: compression as u8,
+                stamp: self.stamps.take(),
             }) {
                 return Ok(None);
             }
@@ -484,7 +490,10 @@ impl Inner {
                 .by_name
                 .get(name)
                 .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
-            if !open.push_record(Record::VolumeDelete { vol: id }) {
+            if !open.push_record(Record::VolumeDelete {
+                vol: id,
+                stamp: self.stamps.take(),
+            }) {
                 return Ok(None);
             }
             t.by_name.remove(name);
@@ -502,7 +511,11 @@ impl Inner {
                 .by_name
                 .get(name)
                 .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
-            if !open.push_record(Record::VolumeResize { vol: id, size }) {
+            if !open.push_record(Record::VolumeResize {
+                vol: id,
+                size,
+                stamp: self.stamps.take(),
+            }) {
                 return Ok(None);
             }
             t.by_id[&id].resize(size, |old| self.release(old));

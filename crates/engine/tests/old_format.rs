@@ -8,6 +8,13 @@
 //! twelve rounds of overwrites with the cleaner run after each (checkpoints, cleaned and
 //! reused segments), then a trim and a write flushed after the last checkpoint (replayed at
 //! open).
+//!
+//! `pool-cp3`: checkpoint version 3, its log unstamped, with segment-free and relocation
+//! records after the last checkpoint (before stamps), written by
+//! `fixtures/pool-cp3/generate.rs.txt` at commit 6446388: the same pool and workload, 21
+//! rounds (the generator stops after the first cleaning round that moved blocks and freed
+//! segments by log records without a checkpoint), then the trim and the write. Opened by the
+//! old rules, it runs on with a stamped log from its first checkpoint.
 
 mod common;
 
@@ -32,48 +39,49 @@ fn unpack(name: &str, dir: &Path) -> Vec<DriveRef> {
         .collect()
 }
 
-/// What the generator left in "plain" block `lba`.
-fn plain_expected(lba: u64) -> Vec<u8> {
+/// What the generator left in "plain" block `lba` after `rounds` rounds.
+fn plain_expected(rounds: u64, lba: u64) -> Vec<u8> {
     if lba == 0 {
         return block_for(99 << 32);
     }
     if (100..110).contains(&lba) {
         return vec![0; 4096];
     }
-    let round = (0..12u64)
+    let round = (0..rounds)
         .rev()
         .find(|&r| r == 0 || (lba * 7 + r).is_multiple_of(3))
         .unwrap();
     block_for(round << 32 | lba)
 }
 
-fn packed_expected(lba: u64) -> Vec<u8> {
-    let round = 11u64;
+fn packed_expected(rounds: u64, lba: u64) -> Vec<u8> {
+    let round = rounds - 1;
     let mut b = vec![(round * 64 + lba) as u8; 4096];
     b[..8].copy_from_slice(&(round << 32 | lba).to_le_bytes());
     b
 }
 
-fn check(pool: &Pool, plain_override: &dyn Fn(u64) -> Option<Vec<u8>>) {
+fn check(pool: &Pool, rounds: u64, plain_override: &dyn Fn(u64) -> Option<Vec<u8>>) {
     let plain = pool.volume("plain").unwrap();
     let packed = pool.volume("packed").unwrap();
     let mut b = vec![0u8; 4096];
     for lba in 0..512u64 {
         plain.read(lba * 4096, &mut b).unwrap();
-        let want = plain_override(lba).unwrap_or_else(|| plain_expected(lba));
+        let want = plain_override(lba).unwrap_or_else(|| plain_expected(rounds, lba));
         assert!(b == want, "plain block {lba}");
     }
     for lba in 0..64u64 {
         packed.read(lba * 4096, &mut b).unwrap();
-        assert!(b == packed_expected(lba), "packed block {lba}");
+        assert!(b == packed_expected(rounds, lba), "packed block {lba}");
     }
 }
 
-#[test]
-fn checkpoint_version_2_pool_opens_and_takes_writes() {
+/// Opens the fixture `name` (`rounds` rounds), checks it, runs it on (overwrites, the
+/// cleaner, a clean close) and checks it again after a reopen.
+fn open_check_and_run_on(name: &str, rounds: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::open(unpack("pool-cp2", dir.path())).unwrap();
-    check(&pool, &|_| None);
+    let pool = Pool::open(unpack(name, dir.path())).unwrap();
+    check(&pool, rounds, &|_| None);
     // The old pool runs on: overwrites, the cleaner, a reopen.
     let plain = pool.volume("plain").unwrap();
     for round in 0..6u64 {
@@ -98,5 +106,15 @@ fn checkpoint_version_2_pool_opens_and_takes_writes() {
         })
         .collect();
     let pool = Pool::open(drives).unwrap();
-    check(&pool, &last);
+    check(&pool, rounds, &last);
+}
+
+#[test]
+fn checkpoint_version_2_pool_opens_and_takes_writes() {
+    open_check_and_run_on("pool-cp2", 12);
+}
+
+#[test]
+fn checkpoint_version_3_pool_with_an_unstamped_log_opens_and_takes_writes() {
+    open_check_and_run_on("pool-cp3", 21);
 }

@@ -428,6 +428,7 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("gc_segments_cleaned", "Segments the cleaner emptied."),
     ("gc_runs", "Cleaner passes."),
     ("segments_freed_by_log", "Emptied segments freed by a log record (no checkpoint needed)."),
+    ("segments_freed_by_relog", "Of those, segments written since the latest checkpoint (their trims and volume changes logged again)."),
     ("segments_freed_at_checkpoint", "Emptied segments freed by a checkpoint (they held stripes a recovery would replay)."),
     ("compressed_blocks", "Blocks stored compressed."),
     ("incompressible_blocks", "Blocks tried that did not compress enough (stored raw)."),

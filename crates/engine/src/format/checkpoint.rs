@@ -9,7 +9,10 @@
 //! segment's stripes took (what the cleaner measures live data against). Version 3 has the
 //! same layout and says the log after it may hold segment-free and relocation records (kinds
 //! 7 and 8), which a build that reads only up to version 2 would take for a torn log and cut
-//! short: the version makes such a build refuse the pool instead. Version 1 (the pool
+//! short: the version makes such a build refuse the pool instead. Version 4 has the same
+//! layout again and says the log after it is stamped (`header::Record`): recovery applies its
+//! records in stamp order, and an emptied segment may have been reused without a checkpoint,
+//! leaving gaps in the stripe sequence that are not the end of the log. Version 1 (the pool
 //! format's first) is still read; its segments' space is unknown until they are rewritten.
 
 use super::bytes::{Reader, Writer};
@@ -17,7 +20,9 @@ use crate::error::{Error, Result};
 
 const CP_MAGIC: [u8; 4] = *b"FPCP";
 /// The version this build writes.
-pub const CHECKPOINT_VERSION: u32 = 3;
+pub const CHECKPOINT_VERSION: u32 = 4;
+/// The first version whose log after it is stamped.
+pub const STAMPED_LOG_VERSION: u32 = 4;
 /// The oldest version this build reads (no segment space).
 const CHECKPOINT_VERSION_1: u32 = 1;
 const END_OF_RUNS: u64 = u64::MAX;
@@ -37,6 +42,8 @@ pub struct VolumeImage {
 /// A decoded checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointImage {
+    /// The version it was written at.
+    pub version: u32,
     pub next_volume_id: u32,
     /// One state byte per segment (see `SegmentState`).
     pub segment_states: Vec<u8>,
@@ -174,6 +181,7 @@ impl CheckpointImage {
             return Err(Error::corrupt("trailing bytes after the checkpoint"));
         }
         Ok(CheckpointImage {
+            version,
             next_volume_id,
             segment_states,
             segment_space,
@@ -197,6 +205,7 @@ mod tests {
         w.end_volume();
         let buf = w.finish();
         let img = CheckpointImage::decode(&buf).unwrap();
+        assert_eq!(img.version, CHECKPOINT_VERSION);
         assert_eq!(img.next_volume_id, 5);
         assert_eq!(img.segment_states, vec![0, 1, 2]);
         assert_eq!(img.segment_space, vec![0, 7 << 20, 0]);
@@ -241,8 +250,8 @@ mod tests {
         assert!(img.segment_space.is_empty());
         assert_eq!(img.volumes[0].runs, vec![(1, vec![0xC000_0000_0000_0001])]);
         let mut future = w.buf.clone();
-        future[4..8].copy_from_slice(&4u32.to_le_bytes());
+        future[4..8].copy_from_slice(&5u32.to_le_bytes());
         let err = CheckpointImage::decode(&future).unwrap_err().to_string();
-        assert!(err.contains("checkpoint version 4"), "{err}");
+        assert!(err.contains("checkpoint version 5"), "{err}");
     }
 }

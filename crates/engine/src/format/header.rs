@@ -54,16 +54,24 @@ impl ChunkLoc {
 }
 
 /// One entry of a stripe's log.
+///
+/// `stamp`: the record's place in the pool's history, from a pool-wide counter taken under
+/// the writer lock as the record is appended (so in the order the maps changed). Logs after a
+/// version-4 checkpoint stamp every record but segment-free ones, and recovery applies them
+/// in stamp order, not stripe order: a move applies without the write it moved, and a stripe
+/// of an emptied segment may be overwritten before the next checkpoint. A stamped record is
+/// encoded as the unstamped one with bit 7 of its kind set, followed by the stamp (u64).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// Volume block `lba` is stored in data chunk `chunk` at byte `offset` (a 32-byte multiple),
     /// `len` bytes long, with CRC32C `crc` of those bytes.
     ///
-    /// `from`: a relocation (the cleaner, a rebuild, a repair) moved the block from the
-    /// location whose encoded map entry this is, and applies only while the block is still
-    /// there. A host write into an older stripe (opened before the relocation's, filled after
-    /// it) may come later in time but earlier in the log: replaying the move unconditionally
-    /// would bring the old contents back. Kind 1 without, kind 8 with.
+    /// `from` (unstamped logs only): a relocation (the cleaner, a rebuild, a repair) moved the
+    /// block from the location whose encoded map entry this is, and applies only while the
+    /// block is still there. A host write into an older stripe (opened before the
+    /// relocation's, filled after it) may come later in time but earlier in the log: replaying
+    /// the move unconditionally would bring the old contents back. Kind 1 without, kind 8
+    /// with. A stamped write needs no `from`: the stamps order it.
     Write {
         vol: u32,
         lba: u64,
@@ -73,32 +81,63 @@ pub enum Record {
         flags: u8,
         crc: u32,
         from: Option<u64>,
+        stamp: Option<u64>,
     },
     /// Segment `segment` is free from this point of the log on: the cleaner emptied it, the
     /// latest checkpoint covers every stripe it held, and the moves of its blocks come before
     /// this record. Recovery scans it for newer stripes from here (it may be written again).
     SegmentFree { segment: u32 },
     /// Blocks `[lba, lba + count)` of a volume now read as zeros.
-    Trim { vol: u32, lba: u64, count: u64 },
+    Trim {
+        vol: u32,
+        lba: u64,
+        count: u64,
+        stamp: Option<u64>,
+    },
     /// A volume was created (`compression`: 0 off, 1 lz4, 2 zstd).
     VolumeCreate {
         vol: u32,
         size: u64,
         name: String,
         compression: u8,
+        stamp: Option<u64>,
     },
     /// A volume's compression setting changed.
-    VolumeCompression { vol: u32, compression: u8 },
+    VolumeCompression {
+        vol: u32,
+        compression: u8,
+        stamp: Option<u64>,
+    },
     /// A volume was deleted.
-    VolumeDelete { vol: u32 },
+    VolumeDelete { vol: u32, stamp: Option<u64> },
     /// A volume was resized.
-    VolumeResize { vol: u32, size: u64 },
+    VolumeResize {
+        vol: u32,
+        size: u64,
+        stamp: Option<u64>,
+    },
 }
 
+/// Bit 7 of a record's kind: the record ends with its stamp.
+const STAMPED: u8 = 0x80;
+
 impl Record {
+    /// The record's stamp, if it has one (segment-free records never do).
+    pub fn stamp(&self) -> Option<u64> {
+        match self {
+            Record::Write { stamp, .. }
+            | Record::Trim { stamp, .. }
+            | Record::VolumeCreate { stamp, .. }
+            | Record::VolumeCompression { stamp, .. }
+            | Record::VolumeDelete { stamp, .. }
+            | Record::VolumeResize { stamp, .. } => *stamp,
+            Record::SegmentFree { .. } => None,
+        }
+    }
+
     /// Encoded length in bytes.
     pub fn encoded_len(&self) -> usize {
-        match self {
+        let body = match self {
             Record::Write { from: None, .. } | Record::Trim { .. } => 24,
             Record::Write { from: Some(_), .. } => 32,
             Record::VolumeCreate { name, .. } => 16 + name.len().div_ceil(8) * 8,
@@ -106,10 +145,12 @@ impl Record {
             | Record::VolumeCompression { .. }
             | Record::SegmentFree { .. } => 8,
             Record::VolumeResize { .. } => 16,
-        }
+        };
+        body + if self.stamp().is_some() { 8 } else { 0 }
     }
 
     fn encode(&self, w: &mut Writer) {
+        let start = w.buf.len();
         match self {
             Record::Write {
                 vol,
@@ -120,9 +161,14 @@ impl Record {
                 flags,
                 crc,
                 from,
+                stamp,
             } => {
                 debug_assert!(offset % 32 == 0 && *offset < (1 << 21));
                 debug_assert!(*from != Some(0), "a relocation moves a mapped block");
+                debug_assert!(
+                    from.is_none() || stamp.is_none(),
+                    "a stamped write names no origin"
+                );
                 w.u8(if from.is_some() { 8 } else { 1 });
                 w.u8(*chunk);
                 w.u8(*flags);
@@ -140,7 +186,9 @@ impl Record {
                 w.bytes(&[7, 0, 0, 0]);
                 w.u32(*segment);
             }
-            Record::Trim { vol, lba, count } => {
+            Record::Trim {
+                vol, lba, count, ..
+            } => {
                 w.bytes(&[2, 0, 0, 0]);
                 w.u32(*vol);
                 w.u64(*lba);
@@ -151,6 +199,7 @@ impl Record {
                 size,
                 name,
                 compression,
+                ..
             } => {
                 w.u8(3);
                 w.u8(name.len() as u8);
@@ -161,26 +210,37 @@ impl Record {
                 w.bytes(name.as_bytes());
                 w.pad_to(8);
             }
-            Record::VolumeDelete { vol } => {
+            Record::VolumeDelete { vol, .. } => {
                 w.bytes(&[4, 0, 0, 0]);
                 w.u32(*vol);
             }
-            Record::VolumeResize { vol, size } => {
+            Record::VolumeResize { vol, size, .. } => {
                 w.bytes(&[5, 0, 0, 0]);
                 w.u32(*vol);
                 w.u64(*size);
             }
-            Record::VolumeCompression { vol, compression } => {
+            Record::VolumeCompression {
+                vol, compression, ..
+            } => {
                 w.bytes(&[6, *compression, 0, 0]);
                 w.u32(*vol);
             }
         }
+        if let Some(stamp) = self.stamp() {
+            w.buf[start] |= STAMPED;
+            w.u64(stamp);
+        }
+        debug_assert_eq!(w.buf.len() - start, self.encoded_len());
     }
 
     fn decode(r: &mut Reader) -> Result<Record> {
         let kind = r.u8()?;
-        Ok(match kind {
+        let stamped = kind & STAMPED != 0;
+        let mut rec = match kind & !STAMPED {
             1 | 8 => {
+                if kind == 8 | STAMPED {
+                    return Err(Error::corrupt("stamped relocation record"));
+                }
                 let chunk = r.u8()?;
                 let flags = r.u8()?;
                 r.u8()?;
@@ -209,9 +269,13 @@ impl Record {
                     flags,
                     crc,
                     from,
+                    stamp: None,
                 }
             }
             7 => {
+                if stamped {
+                    return Err(Error::corrupt("stamped segment-free record"));
+                }
                 r.take(3)?;
                 Record::SegmentFree { segment: r.u32()? }
             }
@@ -221,6 +285,7 @@ impl Record {
                     vol: r.u32()?,
                     lba: r.u64()?,
                     count: r.u64()?,
+                    stamp: None,
                 }
             }
             3 => {
@@ -238,17 +303,22 @@ impl Record {
                     size,
                     name,
                     compression,
+                    stamp: None,
                 }
             }
             4 => {
                 r.take(3)?;
-                Record::VolumeDelete { vol: r.u32()? }
+                Record::VolumeDelete {
+                    vol: r.u32()?,
+                    stamp: None,
+                }
             }
             5 => {
                 r.take(3)?;
                 Record::VolumeResize {
                     vol: r.u32()?,
                     size: r.u64()?,
+                    stamp: None,
                 }
             }
             6 => {
@@ -257,10 +327,34 @@ impl Record {
                 Record::VolumeCompression {
                     vol: r.u32()?,
                     compression,
+                    stamp: None,
                 }
             }
             k => return Err(Error::corrupt(format!("unknown record kind {k}"))),
-        })
+        };
+        if stamped {
+            let s = r.u64()?;
+            if s == 0 {
+                return Err(Error::corrupt("record stamp 0"));
+            }
+            rec.set_stamp(s);
+        }
+        Ok(rec)
+    }
+
+    /// Gives the record a stamp (segment-free records take none).
+    pub fn set_stamp(&mut self, s: u64) {
+        match self {
+            Record::Write { stamp, .. }
+            | Record::Trim { stamp, .. }
+            | Record::VolumeCreate { stamp, .. }
+            | Record::VolumeCompression { stamp, .. }
+            | Record::VolumeDelete { stamp, .. }
+            | Record::VolumeResize { stamp, .. } => *stamp = Some(s),
+            Record::SegmentFree { .. } => {
+                debug_assert!(false, "segment-free records take no stamp")
+            }
+        }
     }
 }
 
@@ -465,6 +559,7 @@ mod tests {
                         flags: 0,
                         crc: 3,
                         from: None,
+                        stamp: None,
                     },
                     Record::Write {
                         vol: 1,
@@ -475,28 +570,74 @@ mod tests {
                         flags: 1,
                         crc: 4,
                         from: Some(0xC000_0000_0100_0007),
+                        stamp: None,
+                    },
+                    Record::Write {
+                        vol: 1,
+                        lba: 7,
+                        chunk: 1,
+                        offset: 4096,
+                        len: 4128,
+                        flags: 0,
+                        crc: 5,
+                        from: None,
+                        stamp: Some(1 << 40),
                     },
                     Record::SegmentFree { segment: 11 },
                     Record::Trim {
                         vol: 1,
                         lba: 9,
                         count: 100,
+                        stamp: None,
+                    },
+                    Record::Trim {
+                        vol: 1,
+                        lba: 19,
+                        count: 3,
+                        stamp: Some(12),
                     },
                     Record::VolumeCreate {
                         vol: 2,
                         size: 1 << 30,
                         name: "db-volume".into(),
                         compression: 2,
+                        stamp: None,
+                    },
+                    Record::VolumeCreate {
+                        vol: 3,
+                        size: 1 << 20,
+                        name: "x".into(),
+                        compression: 0,
+                        stamp: Some(13),
                     },
                     Record::VolumeCompression {
                         vol: 2,
                         compression: 1,
+                        stamp: None,
+                    },
+                    Record::VolumeCompression {
+                        vol: 3,
+                        compression: 2,
+                        stamp: Some(14),
                     },
                     Record::VolumeResize {
                         vol: 2,
                         size: 1 << 31,
+                        stamp: None,
                     },
-                    Record::VolumeDelete { vol: 1 },
+                    Record::VolumeResize {
+                        vol: 3,
+                        size: 1 << 21,
+                        stamp: Some(15),
+                    },
+                    Record::VolumeDelete {
+                        vol: 1,
+                        stamp: None,
+                    },
+                    Record::VolumeDelete {
+                        vol: 3,
+                        stamp: Some(16),
+                    },
                 ]
             }),
         }
@@ -511,6 +652,19 @@ mod tests {
             assert_eq!(ChunkHeader::peek_len(&enc, &[9; 16]), Some(enc.len()));
             assert_eq!(ChunkHeader::decode(&enc).unwrap(), h);
         }
+    }
+
+    #[test]
+    fn stamped_kinds_that_cannot_exist_are_refused() {
+        let mut h = sample(true);
+        h.records = Some(vec![Record::SegmentFree { segment: 1 }]);
+        let mut enc = h.encode();
+        let at = FIXED_LEN + h.chunks.len() * CHUNK_ENTRY_LEN;
+        enc[at] |= STAMPED; // a segment-free record with a stamp bit (no stamp follows)
+        let crc = crc_with_hole(&enc, CRC_AT);
+        enc[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        let err = ChunkHeader::decode(&enc).unwrap_err().to_string();
+        assert!(err.contains("stamped segment-free"), "{err}");
     }
 
     #[test]
