@@ -310,26 +310,18 @@ impl Inner {
                 expected += 1;
                 continue;
             }
-            let Some(records) = &d.records else {
-                tracing::info!(
-                    seq = d.seq,
-                    "log ends: no readable copy of the stripe's records"
-                );
-                break;
-            };
-            if d.w > 0 {
-                match self.read_stripe_lost(&d, None) {
-                    Err(e) => {
-                        tracing::info!(seq = d.seq, error = %e, "log ends: stripe incomplete");
-                        break;
-                    }
-                    // Readable only by reconstruction (a crash tore some of its chunks, or a
-                    // drive is missing): rewrite it once the log is replayed, so it does not
-                    // run with less redundancy than the pool promises.
-                    Ok((_, lost)) if lost > 0 => repair.push(d.clone()),
-                    Ok(_) => {}
+            match self.replayable(&d) {
+                Err(why) => {
+                    tracing::info!(seq = d.seq, "log ends: {why}");
+                    break;
                 }
+                Ok(true) => repair.push(d.clone()),
+                Ok(false) => {}
             }
+            let records = d
+                .records
+                .as_deref()
+                .expect("a replayable stripe has records");
             self.apply_records(&d, records)?;
             if d.kind == StripeKind::Data {
                 let space = Inner::stripe_space(&d.chunks, d.w, d.m);
@@ -427,22 +419,13 @@ impl Inner {
             if d.kind == StripeKind::Checkpoint {
                 continue; // an unfinished checkpoint: its space is free again
             }
-            if d.records.is_none() {
-                tracing::info!(
-                    seq = d.seq,
-                    "stripe skipped: no readable copy of its records"
-                );
-                continue;
-            }
-            if d.w > 0 {
-                match self.read_stripe_lost(&d, None) {
-                    Err(e) => {
-                        tracing::info!(seq = d.seq, error = %e, "stripe skipped: incomplete");
-                        continue;
-                    }
-                    Ok((_, lost)) if lost > 0 => repair.push(d.clone()),
-                    Ok(_) => {}
+            match self.replayable(&d) {
+                Err(why) => {
+                    tracing::info!(seq = d.seq, "stripe skipped: {why}");
+                    continue;
                 }
+                Ok(true) => repair.push(d.clone()),
+                Ok(false) => {}
             }
             applied.push(d);
         }
@@ -500,6 +483,24 @@ impl Inner {
             "stamped log replayed"
         );
         Ok((applied.len() as u64, repair))
+    }
+
+    /// Whether stripe `d` can be replayed: a full header's records were read and its data
+    /// chunks read and CRC-checked (with reconstruction); else why not. `Ok(true)`: readable
+    /// only by reconstruction (a crash tore some of its chunks, or a drive is missing), to be
+    /// rewritten once the log is replayed, so it does not run with less redundancy than the
+    /// pool promises.
+    fn replayable(&self, d: &StripeDesc) -> std::result::Result<bool, String> {
+        if d.records.is_none() {
+            return Err("no readable copy of the stripe's records".into());
+        }
+        if d.w == 0 {
+            return Ok(false);
+        }
+        match self.read_stripe_lost(d, None) {
+            Err(e) => Err(format!("stripe incomplete: {e}")),
+            Ok((_, lost)) => Ok(lost > 0),
+        }
     }
 
     /// Adds the stripes of segment `s` newer than `after` to `log` (a stripe's records from
