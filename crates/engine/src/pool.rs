@@ -405,8 +405,8 @@ pub struct PoolInfo {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SegmentInfo {
     pub index: u32,
-    /// `free`, `used`, `checkpoint`, `open`, or `reclaimed` (cleaned, free from the next
-    /// checkpoint on).
+    /// `free`, `used`, `checkpoint`, `open`, or `reclaimed` (emptied by the cleaner, free once
+    /// the moves out of it are flushed, or at the next checkpoint: `reuse`).
     pub state: &'static str,
     /// Bytes of live (mapped) data in it.
     pub live_bytes: u64,

@@ -1,23 +1,23 @@
-//! Segment reuse: a segment the cleaner emptied (Reclaimed) becomes free either by a small
-//! log record or at the next checkpoint.
+//! Segment reuse: a segment the cleaner emptied (Reclaimed) becomes free by the log, without
+//! rewriting the block map, or at the next checkpoint.
 //!
-//! By record (`free_reclaimed`): when the latest checkpoint covers every stripe the segment
-//! holds (it was closed before the checkpoint began), recovery never needs those stripes: it
-//! starts from the checkpoint, whose maps point into the segment only for blocks whose moves
-//! out of it are in the log after the checkpoint. A `SegmentFree` record appended after those
-//! moves, made durable with everything before it (a flush), lets recovery follow the moves,
-//! see the record, and only then look in the segment for newer stripes. So the segment is
-//! free once that flush returns, without rewriting the whole block map.
+//! Stamped log (`stamp`; every pool from its first version-4 checkpoint on): recovery applies
+//! records in stamp order, so the moves out of an emptied segment apply without the writes
+//! they moved, and finds a segment written again by its first chunk header. So freeing a
+//! segment takes only a flush of everything logged so far (the moves out of it among it), once
+//! what its stripes logged since the checkpoint besides blocks (trims, volume changes:
+//! `Inner::reclaimed_records`, kept when the cleaner read them) has been appended again with
+//! its stamps. A segment the checkpoint covers has nothing to log again. One whose records
+//! could not all be read, or whose records would cost more than a share of a checkpoint,
+//! waits for the next checkpoint, which frees it (see `checkpoint`).
 //!
-//! A segment written since the checkpoint (its stripes are in the log a recovery replays) is
-//! freed without a checkpoint too when the log is stamped (`stamp`): recovery orders records
-//! by stamp, so the moves out of the segment apply without the writes they moved, and its
-//! stripes may be overwritten. What else they logged (trims, volume changes, segment-free
-//! records: `Inner::reclaimed_records`, kept when the cleaner read them) is appended again
-//! with its stamps, then flushed with the moves. The records written before the checkpoint
-//! are not needed, and a segment whose records could not all be read, or whose records would
-//! cost more than a share of a checkpoint, waits for the next checkpoint, which frees it
-//! (see `checkpoint`), as every such segment does in an unstamped log.
+//! Unstamped log (a pool an older build wrote, until its first checkpoint here): only a
+//! segment the latest checkpoint covers (closed before the checkpoint began) goes by the log.
+//! Recovery starts from the checkpoint, whose maps point into the segment only for blocks
+//! whose moves out of it are in the log after the checkpoint; a `SegmentFree` record appended
+//! after those moves, made durable with everything before it, lets recovery follow the moves,
+//! see the record, and only then look in the segment for newer stripes. A segment written
+//! since the checkpoint waits for the next one.
 //!
 //! Either way the freed range is discarded on every drive (`Drive::discard`) before anything
 //! can be written there again, so a drive with its own FTL stops copying what we no longer
@@ -36,9 +36,10 @@ const RELOG_SHARE: u64 = 16;
 const MIN_RELOG_ROOM: u64 = 4096;
 
 impl Inner {
-    /// Frees, by log records, every reclaimed segment the latest checkpoint covers; returns
-    /// how many. Takes the checkpoint lock, so no checkpoint frees them meanwhile (a record
-    /// for a segment a checkpoint already freed would name a free segment).
+    /// Frees by the log every reclaimed segment that can go that way (see the module
+    /// documentation); returns how many. Takes the checkpoint lock, so no checkpoint frees
+    /// them meanwhile (a record for a segment a checkpoint already freed would name a free
+    /// segment, and the records kept to log again are those after the latest checkpoint).
     pub(crate) fn free_reclaimed(&self) -> Result<usize> {
         let _no_checkpoint = self.cp_lock.lock();
         let (covered_before, cp_end) = {

@@ -543,7 +543,7 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
     }
     f.gauge_vec(
         "flashpool_segments",
-        "Segments by state: free, used, open (being filled), checkpoint, reclaimed (cleaned, free from the next checkpoint on).",
+        "Segments by state: free, used, open (being filled), checkpoint, reclaimed (emptied by the cleaner, free once the moves out of it are flushed).",
         &["state"],
         states.iter().map(|(s, n)| (vec![*s], *n as f64)),
     );
