@@ -363,15 +363,14 @@ impl Inner {
 
     /// Applies a stamped log (after a version-4 checkpoint): every readable stripe after the
     /// checkpoint in the segments free or open at it, and in those it calls used that were
-    /// written again since, record by record in stamp order. Returns how many stripes were applied, and the
-    /// stripes that could only be read by reconstruction.
+    /// written again since, record by record in stamp order. Returns how many stripes were
+    /// applied, and the stripes that could only be read by reconstruction.
     ///
     /// No stripe is needed for its own sake: a stripe of a segment the cleaner emptied may
     /// have been overwritten since, but every block it held was moved, overwritten or trimmed
     /// by a later record in a stripe still there, and the trims and volume changes it held
-    /// were logged again before it was reused (`reuse`). A
-    /// stripe a crash cut off was never flushed. So a missing or unreadable stripe is skipped,
-    /// not the end of the log.
+    /// were logged again before it was reused (`reuse`). A stripe a crash cut off was never
+    /// flushed. So a missing or unreadable stripe is skipped, not the end of the log.
     fn roll_forward_stamped(&self) -> Result<(u64, Vec<StripeDesc>)> {
         let cp_end = self.sb.lock().checkpoint.seq_end;
         let mut w = self.writer.lock();
