@@ -214,10 +214,11 @@ impl Inner {
         // `reuse` logs it again to free the segment without a checkpoint.
         // Stripes of an earlier fill (left where a drive ignored the discard) logged nothing
         // a recovery needs: everything they held was superseded before that fill was freed.
-        let fill_seq = self.writer.lock().segs.fill_seq[seg as usize];
+        // Every stripe names its fill's first, and the newest fill's is the highest.
+        let fill_start = stripes.values().map(|d| d.fill_start).max().unwrap_or(0);
         let kept: Option<Vec<(u64, Record)>> = stripes
             .values()
-            .filter(|d| d.kind == StripeKind::Data && d.seq >= fill_seq)
+            .filter(|d| d.kind == StripeKind::Data && d.seq >= fill_start)
             .map(|d| {
                 d.records.as_ref().map(|recs| {
                     recs.iter()

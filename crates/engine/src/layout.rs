@@ -70,6 +70,9 @@ pub struct StripePlan {
     pub w_max: usize,
     /// True when the segment was opened for this stripe (any cached scan of it is stale).
     pub fresh: bool,
+    /// Sequence number of the first stripe of the segment's current fill (every chunk header
+    /// carries it, so a scan tells this fill's stripes from an earlier fill's).
+    pub fill_start: u64,
 }
 
 struct Cursor {
@@ -88,9 +91,8 @@ pub struct SegmentTable {
     gc_reserve: usize,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
-    /// Sequence number of the first stripe of each segment's current fill: stripes below it
-    /// are left over from an earlier fill (a drive that ignores discards). 0 where unknown
-    /// (after a restart).
+    /// Sequence number of the first stripe of each open segment's current fill (0 for one
+    /// never opened since the pool was).
     pub fill_seq: Vec<u64>,
     /// Bit d set when segment s may hold a chunk on drive d (all bits for segments whose
     /// history is unknown, after a restart).
@@ -243,6 +245,7 @@ impl SegmentTable {
                         drives: cands.iter().map(|&d| d as u16).collect(),
                         w_max,
                         fresh,
+                        fill_start: self.fill_seq[seg as usize],
                     });
                 }
             }

@@ -18,6 +18,8 @@ pub struct StripeDesc {
     pub seq: u64,
     pub kind: StripeKind,
     pub segment: u32,
+    /// First stripe of the segment fill it belongs to (0: unknown).
+    pub fill_start: u64,
     pub w: usize,
     pub m: usize,
     pub parity_len: usize,
@@ -32,6 +34,7 @@ impl StripeDesc {
             seq: h.seq,
             kind: h.kind,
             segment: h.segment,
+            fill_start: h.fill_start,
             w: h.w as usize,
             m: h.m as usize,
             parity_len: h.parity_len as usize,
@@ -83,17 +86,24 @@ impl Inner {
     }
 
     /// Whether segment `seg` was written again after sequence number `after`, and if so the
-    /// sequence number its newest fill starts at, or just after: a stripe opened in a
-    /// segment starts at its beginning, so the first chunk header on some drive is newer;
-    /// the newest such header is the fill's first stripe or (when that one was narrow) a
-    /// later one. Stripes below it are left over from an earlier fill, or the fill's first.
-    /// One header read per drive.
+    /// sequence number its newest fill starts at: a stripe opened in a segment starts at its
+    /// beginning, so the first chunk header on some drive is newer, and every chunk header of
+    /// a fill names the fill's first stripe (the newest fill names the highest). Stripes below
+    /// it are left over from an earlier fill. For headers written before they named it, the
+    /// newest first header's own sequence number stands in (the fill's first stripe or, when
+    /// that one was narrow, a later one). One header read per drive.
     pub(crate) fn rewritten_since(&self, seg: u32, after: u64) -> Option<u64> {
         let base = SegmentTable::segment_base(&self.geo, seg);
         (0..self.drives.len())
             .filter_map(|d| self.header_at(d, seg, base))
-            .map(|h| h.seq)
-            .filter(|&seq| seq > after)
+            .filter(|h| h.seq > after)
+            .map(|h| {
+                if h.fill_start > 0 {
+                    h.fill_start
+                } else {
+                    h.seq
+                }
+            })
             .max()
     }
 

@@ -352,6 +352,7 @@ impl OpenStripe {
             seq: self.seq,
             kind: self.kind,
             segment: self.plan.segment,
+            fill_start: self.plan.fill_start,
             w,
             m: s.m,
             parity_len,
@@ -372,6 +373,8 @@ pub struct SealedStripe {
     pub seq: u64,
     pub kind: StripeKind,
     pub segment: u32,
+    /// First stripe of the segment's current fill (`StripePlan::fill_start`).
+    pub fill_start: u64,
     pub w: usize,
     pub m: usize,
     pub parity_len: usize,
@@ -447,6 +450,7 @@ impl SealedStripe {
                 pool_uuid: self.pool_uuid,
                 seq: self.seq,
                 segment: self.segment,
+                fill_start: self.fill_start,
                 this_chunk: i as u8,
                 w: self.w as u8,
                 m: self.m as u8,
@@ -490,6 +494,7 @@ mod tests {
             offsets: vec![1 << 20; 5],
             w_max: 4,
             fresh: false,
+            fill_start: 9,
         };
         let sb = Arc::new(StripeBuf {
             seq: 9,

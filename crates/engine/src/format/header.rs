@@ -365,6 +365,11 @@ pub struct ChunkHeader {
     pub pool_uuid: [u8; 16],
     pub seq: u64,
     pub segment: u32,
+    /// Sequence number of the first stripe of this fill of the segment (the stripe that
+    /// opened it since it was last free), so a scan tells this fill's stripes from an earlier
+    /// fill's left on a drive that ignored the discard; 0 where unknown (written before the
+    /// field, which was reserved).
+    pub fill_start: u64,
     /// Index of this chunk in `chunks`.
     pub this_chunk: u8,
     /// Data chunks (the first `w` entries of `chunks`; the rest are parity).
@@ -405,7 +410,7 @@ impl ChunkHeader {
         w.u8(self.chunks.len() as u8);
         w.u32(self.parity_len);
         w.u32(records.map_or(0, |r| r.len() as u32));
-        w.u64(0);
+        w.u64(self.fill_start);
         debug_assert_eq!(w.buf.len(), FIXED_LEN);
         for c in &self.chunks {
             w.u16(c.drive);
@@ -470,7 +475,12 @@ impl ChunkHeader {
         let nchunks = r.u8()? as usize;
         let parity_len = r.u32()?;
         let nrec = r.u32()? as usize;
-        r.u64()?;
+        let fill_start = r.u64()?;
+        if fill_start > seq {
+            return Err(Error::corrupt(format!(
+                "stripe {seq} says its segment's fill began at stripe {fill_start}"
+            )));
+        }
         let expect = if w == 0 {
             m as usize + 1
         } else {
@@ -515,6 +525,7 @@ impl ChunkHeader {
             pool_uuid,
             seq,
             segment,
+            fill_start,
             this_chunk,
             w,
             m,
@@ -535,6 +546,7 @@ mod tests {
             pool_uuid: [9; 16],
             seq: 77,
             segment: 3,
+            fill_start: 70,
             this_chunk: 1,
             w: 2,
             m: 1,
@@ -652,6 +664,14 @@ mod tests {
             assert_eq!(ChunkHeader::peek_len(&enc, &[9; 16]), Some(enc.len()));
             assert_eq!(ChunkHeader::decode(&enc).unwrap(), h);
         }
+    }
+
+    #[test]
+    fn a_fill_that_starts_after_its_stripe_is_refused() {
+        let mut h = sample(false);
+        h.fill_start = h.seq + 1;
+        let err = ChunkHeader::decode(&h.encode()).unwrap_err().to_string();
+        assert!(err.contains("fill began at stripe"), "{err}");
     }
 
     #[test]
