@@ -444,6 +444,10 @@ struct World {
     /// Crashes may damage unflushed writes on every drive, not only on faulty ones (exposes
     /// the finding that recovery keeps degraded stripes unrepaired; see `strict_crashes`).
     strict: bool,
+    /// Every drive ignores discards (no TRIM, a file system without hole punching): segments
+    /// the cleaner reuses keep their earlier fill's stripes past the newest fill's end, for
+    /// scans and recovery to tell apart.
+    keep_discards: bool,
     pool: Option<Pool>,
     /// A drive of another pool, made on first use.
     foreign: Option<Arc<MemDrive>>,
@@ -515,6 +519,7 @@ impl World {
             policy,
             usable,
             strict: false,
+            keep_discards: false,
             pool: None,
             foreign: None,
             stale: None,
@@ -532,6 +537,7 @@ impl World {
         let mut out = Vec::new();
         for (i, mem) in self.mems.iter().enumerate() {
             let (d, s) = FaultDrive::new(mem.clone() as DriveRef);
+            s.keep_discarded.store(self.keep_discards, Ordering::SeqCst);
             if let Some(o) = old.get(i) {
                 s.fail_reads
                     .store(o.fail_reads.load(Ordering::SeqCst), Ordering::SeqCst);
@@ -1431,6 +1437,7 @@ impl World {
         let size = self.mems[0].info().size;
         let mem = Arc::new(MemDrive::tracked(size, format!("mem:{n}")));
         let (d, s) = FaultDrive::new(mem.clone() as DriveRef);
+        s.keep_discarded.store(self.keep_discards, Ordering::SeqCst);
         let before = self.pool().drives().len();
         let r = self.pool().add_drive_online(d as DriveRef);
         let after = self.pool().drives().len();
@@ -1472,6 +1479,7 @@ impl World {
         let size = self.mems[0].info().size;
         let mem = Arc::new(MemDrive::tracked(size, format!("mem:{n}")));
         let (d, s) = FaultDrive::new(mem.clone() as DriveRef);
+        s.keep_discarded.store(self.keep_discards, Ordering::SeqCst);
         let before = self.pool().drives().len();
         let r = self.pool().replace_drive(old, d as DriveRef);
         if self.pool().drives().len() > before {
@@ -1644,13 +1652,28 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 fn repro(seed: u64) -> String {
-    format!("FLASHPOOL_DST_SEED={seed} cargo test -p flashpool-engine --test dst -- --nocapture")
+    let keep = if keep_discards_asked() || seed >= KEEP_DISCARDS_SEEDS {
+        "FLASHPOOL_DST_KEEP_DISCARDS=1 "
+    } else {
+        ""
+    };
+    format!(
+        "{keep}FLASHPOOL_DST_SEED={seed} cargo test -p flashpool-engine --test dst -- --nocapture"
+    )
+}
+
+/// Seeds from here on are run by `drives_that_keep_discarded_data` with drives that ignore
+/// discards.
+const KEEP_DISCARDS_SEEDS: u64 = 1 << 40;
+
+fn keep_discards_asked() -> bool {
+    std::env::var("FLASHPOOL_DST_KEEP_DISCARDS").is_ok_and(|v| v == "1")
 }
 
 /// Runs one seed; on failure returns the report to print.
 fn run_seed(seed: u64, ops: usize, verbose: bool) -> std::result::Result<Tally, String> {
     let strict = std::env::var("FLASHPOOL_DST_STRICT").is_ok_and(|v| v == "1");
-    run_seed_with(seed, ops, verbose, strict)
+    run_seed_with(seed, ops, verbose, strict, keep_discards_asked())
 }
 
 fn run_seed_with(
@@ -1658,6 +1681,7 @@ fn run_seed_with(
     ops: usize,
     verbose: bool,
     strict: bool,
+    keep_discards: bool,
 ) -> std::result::Result<Tally, String> {
     // The drives of a batch (a stripe's chunk writes, the drives' flushes, a read's runs)
     // complete in an order the seed draws, as real drives in flight at once would.
@@ -1666,6 +1690,7 @@ fn run_seed_with(
     ));
     let mut w = World::new(seed);
     w.strict = strict;
+    w.keep_discards = keep_discards;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let r = w.run(ops, verbose);
         (r, w)
@@ -1931,6 +1956,36 @@ fn deterministic_simulation() {
     );
 }
 
+/// The harness with every drive ignoring discards (issue 18): segments the cleaner empties
+/// and reuses without a checkpoint keep their earlier fill's stripes past the newest fill's
+/// end, and recovery and the cleaner must tell the fills apart (by the fill start each chunk
+/// header names). `FLASHPOOL_DST_KEEP_SEEDS` seeds (default 60) from 2^40.
+#[test]
+fn drives_that_keep_discarded_data() {
+    let count = env_u64("FLASHPOOL_DST_KEEP_SEEDS").unwrap_or(60);
+    let mut total = Tally::default();
+    let mut bad = Vec::new();
+    for seed in KEEP_DISCARDS_SEEDS..KEEP_DISCARDS_SEEDS + count {
+        match run_seed_with(seed, 160, false, false, true) {
+            Ok(t) => total.add(&t),
+            Err(e) => bad.push(e),
+        }
+    }
+    eprintln!(
+        "dst, drives keep discarded data: {count} seeds, {} crashes, {} segments freed by log \
+         records ({} written since the checkpoint), {} by checkpoints",
+        total.crashes,
+        total.engine_freed_by_log,
+        total.engine_freed_by_relog,
+        total.engine_freed_at_checkpoint
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert!(
+        total.engine_freed_by_relog > 0,
+        "the seeds reuse segments written since a checkpoint"
+    );
+}
+
 /// Finding 1: recovery accepts a stripe that a crash left missing up to m chunks and never
 /// repairs it, so that stripe silently runs with less redundancy; with m more faulty drives
 /// later, flushed data is unavailable (seeds 36, 74) or, because roll-forward stops at the
@@ -1942,7 +1997,7 @@ fn strict_crashes() {
     // does not model.
     let bad: Vec<String> = [36u64, 72]
         .iter()
-        .filter_map(|&s| run_seed_with(s, 160, false, true).err())
+        .filter_map(|&s| run_seed_with(s, 160, false, true, false).err())
         .collect();
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -144,6 +144,10 @@ pub struct FaultSwitch {
     pub corrupt_reads: AtomicBool,
     /// The drive is gone: every I/O fails with ENODEV until it comes back.
     pub offline: AtomicBool,
+    /// The drive ignores discards (no TRIM, a file system without hole punching): what a
+    /// freed range held stays readable until overwritten. A property of the drive, not a
+    /// fault: `heal` leaves it.
+    pub keep_discarded: AtomicBool,
     /// What was injected so far.
     pub counters: FaultCounters,
     random: Mutex<RandomState>,
@@ -412,9 +416,12 @@ impl Drive for FaultDrive {
         self.inner.write_at(offset, buf)
     }
 
-    /// Passed on unless the drive is gone or failing writes; draws no random fault (a
-    /// discard is advice the engine does not depend on).
+    /// Passed on unless the drive is gone or failing writes, or ignores discards; draws no
+    /// random fault (a discard is advice the engine does not depend on).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.switch.keep_discarded.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         if self.switch.offline.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc::ENODEV));
         }
