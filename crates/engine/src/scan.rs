@@ -85,18 +85,18 @@ impl Inner {
             .then_some(h)
     }
 
-    /// Whether segment `seg` was written again after sequence number `after`, and if so the
-    /// sequence number its newest fill starts at: a stripe opened in a segment starts at its
-    /// beginning, so the first chunk header on some drive is newer, and every chunk header of
-    /// a fill names the fill's first stripe (the newest fill names the highest). Stripes below
-    /// it are left over from an earlier fill. For headers written before they named it, the
-    /// newest first header's own sequence number stands in (the fill's first stripe or, when
-    /// that one was narrow, a later one). One header read per drive.
+    /// Whether segment `seg` was opened again after sequence number `after` (emptied and
+    /// reused, or free until then), and if so the sequence number its newest fill starts at:
+    /// a fill starts at the segment's beginning, so the first chunk header on some drive
+    /// belongs to it, and every chunk header of a fill names the fill's first stripe (the
+    /// newest fill names the highest; stripes below it are left over from an earlier fill). A
+    /// fill that began at or before `after` and went on past it is not a new one. For headers
+    /// written before they named it, the first header's own sequence number stands in. One
+    /// header read per drive.
     pub(crate) fn rewritten_since(&self, seg: u32, after: u64) -> Option<u64> {
         let base = SegmentTable::segment_base(&self.geo, seg);
         (0..self.drives.len())
             .filter_map(|d| self.header_at(d, seg, base))
-            .filter(|h| h.seq > after)
             .map(|h| {
                 if h.fill_start > 0 {
                     h.fill_start
@@ -105,6 +105,7 @@ impl Inner {
                 }
             })
             .max()
+            .filter(|&start| start > after)
     }
 
     /// Every stripe found in segment `seg` on the usable drives, by sequence number; records
