@@ -78,6 +78,8 @@ pub struct StripePlan {
 struct Cursor {
     segment: Option<u32>,
     fill: Vec<u64>,
+    /// Sequence number of the first stripe of the segment's current fill.
+    fill_start: u64,
 }
 
 /// Segment states and stream cursors; owned by the writer lock.
@@ -91,9 +93,6 @@ pub struct SegmentTable {
     gc_reserve: usize,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
-    /// Sequence number of the first stripe of each open segment's current fill (0 for one
-    /// never opened since the pool was).
-    pub fill_seq: Vec<u64>,
     /// Bit d set when segment s may hold a chunk on drive d (all bits for segments whose
     /// history is unknown, after a restart).
     pub drives_used: Vec<u64>,
@@ -107,6 +106,7 @@ impl SegmentTable {
         let cursor = || Cursor {
             segment: None,
             fill: vec![0; geo.drive_count as usize],
+            fill_start: 0,
         };
         SegmentTable {
             geo: geo.clone(),
@@ -115,7 +115,6 @@ impl SegmentTable {
             reserve: 0,
             gc_reserve: 0,
             closed_seq: vec![0; n],
-            fill_seq: vec![0; n],
             drives_used: vec![u64::MAX; n],
             next_seq_hint: 0,
         }
@@ -173,7 +172,8 @@ impl SegmentTable {
         }
     }
 
-    fn open_new(&mut self, stream: Stream, urgent: bool) -> Result<u32> {
+    /// Opens a free segment for `stream`, its first stripe to be sequence number `seq`.
+    fn open_new(&mut self, stream: Stream, urgent: bool, seq: u64) -> Result<u32> {
         let free = self.free_count();
         let keep = match stream {
             Stream::Data | Stream::Gc if urgent => self.reserve,
@@ -194,6 +194,7 @@ impl SegmentTable {
         let c = &mut self.cursors[stream as usize];
         c.segment = Some(s);
         c.fill.iter_mut().for_each(|f| *f = 0);
+        c.fill_start = seq;
         Ok(s)
     }
 
@@ -245,16 +246,13 @@ impl SegmentTable {
                         drives: cands.iter().map(|&d| d as u16).collect(),
                         w_max,
                         fresh,
-                        fill_start: self.fill_seq[seg as usize],
+                        fill_start: c.fill_start,
                     });
                 }
             }
             if attempt == 0 {
-                self.open_new(stream, urgent)?;
+                self.open_new(stream, urgent, seq)?;
                 fresh = true;
-                if let Some(seg) = self.cursors[stream as usize].segment {
-                    self.fill_seq[seg as usize] = seq;
-                }
             }
         }
         Err(Error::invalid(format!(

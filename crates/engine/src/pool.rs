@@ -334,9 +334,9 @@ pub(crate) struct Inner {
     /// Record stamps (on once the latest checkpoint's log is stamped).
     pub stamps: crate::stamp::StampClock,
     /// Per segment the cleaner emptied, the records a recovery may still need from its
-    /// stripes (trims, volume changes, segment frees), with their stripes' sequence numbers;
-    /// None where some stripe's records could not be read. `reuse` re-logs them to free the
-    /// segment without a checkpoint.
+    /// stripes besides their blocks (trims, volume changes), with their stripes' sequence
+    /// numbers; None where some stripe's records could not be read. `reuse` re-logs them to
+    /// free the segment without a checkpoint.
     pub reclaimed_records: Mutex<HashMap<u32, Option<KeptRecords>>>,
 }
 

@@ -1,15 +1,17 @@
 //! Opening a pool: read the superblocks, load the latest checkpoint, roll the log forward, then
 //! write a fresh checkpoint.
 //!
-//! Roll-forward scans the segments that were free or open at checkpoint time (and those a
-//! segment-free record names) for stripes newer than the checkpoint. A stamped log (after a
-//! version-4 checkpoint) is applied record by record in stamp order, skipping stripes that
-//! cannot be read: a stripe missing or torn was either never flushed or belonged to a segment
-//! the cleaner emptied and reused, and the records that superseded its blocks come later in
-//! stamp order. An unstamped log (older pools) is applied stripe by stripe in sequence order,
-//! stopping at the first missing or unreadable stripe: every stripe before a completed flush
-//! is complete, so what is cut off was never flushed, and each of its blocks reads as its
-//! previous contents.
+//! Roll-forward scans the segments that were free or open at checkpoint time for stripes
+//! newer than the checkpoint, and those it called used that were emptied and written again
+//! since (a stamped log: found by their first chunk header) or that a segment-free record
+//! names (an unstamped log). A stamped log (after a version-4 checkpoint) is applied record by
+//! record in stamp order, skipping stripes that cannot be read: a stripe missing or torn was
+//! either never flushed or belonged to a segment the cleaner emptied and reused, and the
+//! records that superseded its blocks come later in stamp order. An unstamped log (older
+//! pools, or a new pool before its first checkpoint) is applied stripe by stripe in sequence
+//! order, stopping at the first missing or unreadable stripe: every stripe before a completed
+//! flush is complete, so what is cut off was never flushed, and each of its blocks reads as
+//! its previous contents.
 
 use crate::aligned::AlignedBuf;
 use crate::assembly::Assembly;
@@ -377,30 +379,24 @@ impl Inner {
         let states_at_cp = w.segs.states.clone();
         // The segments free or open at the checkpoint, and those it calls used that were
         // emptied and written again since (the cleaner frees a segment by flushing the moves
-        // out of it; the first chunk header tells a rewritten segment).
+        // out of it; the first chunk header tells a rewritten segment, and where its newest
+        // fill starts).
         let mut fills: BTreeMap<u32, u64> = BTreeMap::new();
-        let scan: Vec<u32> = (0..self.geo.segment_count)
-            .filter(|&s| {
-                let fill = match states_at_cp[s as usize] {
-                    SegState::Free | SegState::Open | SegState::Used => {
-                        self.rewritten_since(s, cp_end)
-                    }
-                    _ => None,
-                };
-                if let Some(f) = fill {
-                    fills.insert(s, f);
-                }
-                fill.is_some()
-                    || matches!(states_at_cp[s as usize], SegState::Free | SegState::Open)
-            })
-            .collect();
         let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
-        for &s in &scan {
-            if fills.contains_key(&s) {
-                // Written again since the checkpoint: its space is counted anew.
+        for s in 0..self.geo.segment_count {
+            let state = states_at_cp[s as usize];
+            if !matches!(state, SegState::Free | SegState::Open | SegState::Used) {
+                continue;
+            }
+            let fill = self.rewritten_since(s, cp_end);
+            if let Some(f) = fill {
+                fills.insert(s, f);
+                // Its space is counted anew from the newest fill's stripes.
                 self.written_slots[s as usize].store(0, Ordering::Relaxed);
             }
-            self.scan_into_log(s, cp_end, &mut log);
+            if fill.is_some() || state != SegState::Used {
+                self.scan_into_log(s, cp_end, &mut log);
+            }
         }
         let max_seen = log.keys().next_back().copied().unwrap_or(0).max(cp_end);
         let max_stamp = log
@@ -457,9 +453,7 @@ impl Inner {
             }
         }
         for d in &applied {
-            // A stripe of an earlier fill of a rewritten segment takes no space now (nor,
-            // when the newest fill began with a narrow stripe, does that stripe: the cleaner's
-            // measure is an estimate).
+            // A stripe of an earlier fill of a rewritten segment takes no space now.
             let current = fills.get(&d.segment).is_none_or(|&f| d.seq >= f);
             if d.kind == StripeKind::Data && current {
                 let space = Inner::stripe_space(&d.chunks, d.w, d.m);

@@ -11,13 +11,13 @@
 //! could not all be read, or whose records would cost more than a share of a checkpoint,
 //! waits for the next checkpoint, which frees it (see `checkpoint`).
 //!
-//! Unstamped log (a pool an older build wrote, until its first checkpoint here): only a
-//! segment the latest checkpoint covers (closed before the checkpoint began) goes by the log.
-//! Recovery starts from the checkpoint, whose maps point into the segment only for blocks
-//! whose moves out of it are in the log after the checkpoint; a `SegmentFree` record appended
-//! after those moves, made durable with everything before it, lets recovery follow the moves,
-//! see the record, and only then look in the segment for newer stripes. A segment written
-//! since the checkpoint waits for the next one.
+//! Unstamped log (a pool an older build wrote, or a new pool, until its first checkpoint
+//! here): only a segment the latest checkpoint covers (closed before the checkpoint began)
+//! goes by the log. Recovery starts from the checkpoint, whose maps point into the segment
+//! only for blocks whose moves out of it are in the log after the checkpoint; a `SegmentFree`
+//! record appended after those moves, made durable with everything before it, lets recovery
+//! follow the moves, see the record, and only then look in the segment for newer stripes. A
+//! segment written since the checkpoint waits for the next one.
 //!
 //! Either way the freed range is discarded on every drive (`Drive::discard`) before anything
 //! can be written there again, so a drive with its own FTL stops copying what we no longer
@@ -67,6 +67,7 @@ impl Inner {
         // records were all read: what they hold besides the blocks moved out (trims, volume
         // changes) is logged again first, with its stamps.
         let mut relog: Vec<Record> = Vec::new();
+        let mut relog_bytes = 0u64;
         let mut by_relog: Vec<u32> = Vec::new();
         if stamped {
             let pending = self.reclaimed_records.lock();
@@ -80,10 +81,10 @@ impl Inner {
                     .map(|(_, r)| r)
                     .collect();
                 let bytes: u64 = needed.iter().map(|r| r.encoded_len() as u64).sum();
-                let so_far: u64 = relog.iter().map(|r| r.encoded_len() as u64).sum();
-                if so_far + bytes > relog_room {
+                if relog_bytes + bytes > relog_room {
                     continue; // cheaper to leave it to the next checkpoint
                 }
+                relog_bytes += bytes;
                 debug_assert!(
                     needed.iter().all(|r| r.stamp().is_some()),
                     "records after a stamped checkpoint are stamped"
