@@ -1,7 +1,7 @@
 //! The adapter between the engine's volumes and the NBD server's export traits.
 
-use flashpool_engine::{BlockState, Pool, Volume};
-use flashpool_nbd::{Export, ExportError, ExportSet, Extent};
+use flashpool_engine::{BlockState, Pool, ReadQueue, Volume};
+use flashpool_nbd::{Export, ExportError, ExportSet, Extent, ReadDone};
 use std::sync::Arc;
 
 fn err(e: flashpool_engine::Error) -> ExportError {
@@ -31,6 +31,15 @@ impl Export for VolumeExport {
     fn write_may_block(&self, _offset: u64, len: u64) -> bool {
         self.0.write_may_wait(len)
     }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        let q = ReadQueue::new();
+        (q.asynchronous() && self.0.reads_suit_a_queue()).then(|| {
+            Box::new(VolumeReads {
+                vol: self.0.clone(),
+                q,
+            }) as Box<dyn flashpool_nbd::ReadQueue>
+        })
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         if fua {
             self.0.write_fua(offset, data)
@@ -59,6 +68,44 @@ impl Export for VolumeExport {
                 BlockState::Hole => Extent::hole(e.length),
             })
             .collect())
+    }
+}
+
+/// A connection's reads of one volume on the engine's read queue.
+struct VolumeReads {
+    vol: Volume,
+    q: ReadQueue,
+}
+
+impl flashpool_nbd::ReadQueue for VolumeReads {
+    fn start(&mut self, token: u64, offset: u64, len: usize) {
+        self.q.start(&self.vol, token, offset, len)
+    }
+    fn submit(&mut self) {
+        self.q.submit()
+    }
+    fn poll(&mut self) {
+        self.q.poll()
+    }
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.q.wait(fd)
+    }
+    fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
+        let Some(d) = self.q.take() else {
+            return false;
+        };
+        match &d.result {
+            Ok(()) => f(d.token, Ok(d.data())),
+            Err(e) => f(
+                d.token,
+                Err(ExportError::from_errno(e.errno(), e.to_string())),
+            ),
+        }
+        self.q.recycle(d);
+        true
+    }
+    fn outstanding(&self) -> usize {
+        self.q.outstanding()
     }
 }
 

@@ -28,6 +28,7 @@ pub mod layout;
 pub mod map;
 mod pool;
 mod read;
+pub mod read_queue;
 mod rebuild;
 mod recovery;
 mod reuse;
@@ -48,6 +49,7 @@ pub use pool::{
     DriveFailure, DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo,
     MAX_STRIPE_BUFFERS,
 };
+pub use read_queue::{ReadDone, ReadQueue};
 pub use rebuild::RebuildStatus;
 pub use recovery::read_superblock;
 pub use scrub::ScrubReport;

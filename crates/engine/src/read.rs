@@ -22,14 +22,28 @@ use crate::stats::Stats;
 const MAX_RUN_BYTES: usize = 1 << 20;
 
 /// Blocks that lie one after another on one drive: one drive read.
-struct Run {
+pub(crate) struct Run {
     /// Which range of the request it belongs to.
-    range: usize,
-    drive: usize,
-    dev_offset: u64,
+    pub(crate) range: usize,
+    pub(crate) drive: usize,
+    pub(crate) dev_offset: u64,
     /// Index of its first block in the range.
-    first: usize,
-    blocks: usize,
+    pub(crate) first: usize,
+    pub(crate) blocks: usize,
+}
+
+/// The drive reads a set of ranges needs, worked out from the block maps
+/// ([`Inner::plan_ranges`]), and the map entries their data is checked against once read
+/// ([`Inner::finish_ranges`]). Between the two the reads may be in flight for as long as the
+/// drives take: whatever changed meanwhile (a block moved by the cleaner, its segment reused)
+/// is caught by the check and read again the one-block way.
+pub(crate) struct ReadPlan {
+    /// Map entry of every block of every range, as the plan saw it.
+    seen: Vec<Vec<u64>>,
+    /// Drive reads, in range and block order, disjoint.
+    pub(crate) runs: Vec<Run>,
+    /// Blocks read one at a time at the finish: (range, block index).
+    one_by_one: Vec<(usize, usize)>,
 }
 
 impl Inner {
@@ -48,12 +62,56 @@ impl Inner {
         vol: &VolumeState,
         ranges: &mut [(u64, &mut [u8])],
     ) -> Vec<Result<()>> {
+        let shape: Vec<(u64, usize)> = ranges
+            .iter()
+            .map(|(lba, out)| (*lba, out.len() / BLOCK))
+            .collect();
+        let plan = self.plan_ranges(vol, &shape);
+        let mut ok = vec![false; plan.runs.len()];
+        if !plan.runs.is_empty() {
+            let drives: Vec<_> = plan
+                .runs
+                .iter()
+                .map(|r| self.drives[r.drive].usable().cloned())
+                .collect();
+            // Hand each run its own part of its range's buffer (runs are in range and
+            // block order, and disjoint).
+            let mut items = Vec::with_capacity(plan.runs.len());
+            let mut which = Vec::with_capacity(plan.runs.len());
+            let mut k = 0;
+            for (ri, (_, out)) in ranges.iter_mut().enumerate() {
+                let mut rest: &mut [u8] = out;
+                let mut at = 0usize;
+                while k < plan.runs.len() && plan.runs[k].range == ri {
+                    let r = &plan.runs[k];
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
+                    let (mine, tail) = tail.split_at_mut(r.blocks * BLOCK);
+                    rest = tail;
+                    at = (r.first + r.blocks) * BLOCK;
+                    // A drive that went out of service meanwhile: its blocks go the
+                    // one-block way.
+                    if let Some(d) = &drives[k] {
+                        items.push(BatchItem::read(&**d, r.dev_offset, mine));
+                        which.push(k);
+                    }
+                    k += 1;
+                }
+            }
+            for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
+                ok[k] = res.is_ok();
+            }
+        }
+        self.finish_ranges(vol, plan, ranges, &ok)
+    }
+
+    /// The drive reads of ranges `(first block, blocks)`: blocks that lie one after another
+    /// on a drive in service, stored whole, make one run (up to [`MAX_RUN_BYTES`]); the rest
+    /// (unmapped, buffered, compressed, on a drive out of service) are left to the finish.
+    pub(crate) fn plan_ranges(&self, vol: &VolumeState, ranges: &[(u64, usize)]) -> ReadPlan {
         let mut seen: Vec<Vec<u64>> = Vec::with_capacity(ranges.len());
         let mut runs: Vec<Run> = Vec::new();
         let mut one_by_one: Vec<(usize, usize)> = Vec::new();
-        for (ri, (lba, out)) in ranges.iter().enumerate() {
-            debug_assert!(out.len().is_multiple_of(BLOCK));
-            let n = out.len() / BLOCK;
+        for (ri, &(lba, n)) in ranges.iter().enumerate() {
             let mut raws = Vec::with_capacity(n);
             for i in 0..n {
                 let raw = vol.map.get(lba + i as u64);
@@ -94,59 +152,47 @@ impl Inner {
             }
             seen.push(raws);
         }
-        if !runs.is_empty() {
-            let drives: Vec<_> = runs
-                .iter()
-                .map(|r| self.drives[r.drive].usable().cloned())
-                .collect();
-            let mut ok = vec![false; runs.len()];
-            {
-                // Hand each run its own part of its range's buffer (runs are in range and
-                // block order, and disjoint).
-                let mut items = Vec::with_capacity(runs.len());
-                let mut which = Vec::with_capacity(runs.len());
-                let mut k = 0;
-                for (ri, (_, out)) in ranges.iter_mut().enumerate() {
-                    let mut rest: &mut [u8] = out;
-                    let mut at = 0usize;
-                    while k < runs.len() && runs[k].range == ri {
-                        let r = &runs[k];
-                        let (_, tail) =
-                            std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
-                        let (mine, tail) = tail.split_at_mut(r.blocks * BLOCK);
-                        rest = tail;
-                        at = (r.first + r.blocks) * BLOCK;
-                        // A drive that went out of service meanwhile: its blocks go the
-                        // one-block way.
-                        if let Some(d) = &drives[k] {
-                            items.push(BatchItem::read(&**d, r.dev_offset, mine));
-                            which.push(k);
-                        }
-                        k += 1;
-                    }
-                }
-                for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
-                    ok[k] = res.is_ok();
-                }
-            }
-            for (r, good) in runs.iter().zip(ok) {
-                let (lba, out) = &ranges[r.range];
-                for i in r.first..r.first + r.blocks {
-                    let block = &out[i * BLOCK..(i + 1) * BLOCK];
-                    let raw = seen[r.range][i];
-                    // The data counts only if the entry did not change while it was read
-                    // (the cleaner may have moved the block and its segment been reused) and
-                    // its CRC tag matches; anything else goes the one-block way, which
-                    // retries, reconstructs and counts errors.
-                    let vouched = good
-                        && vol.map.get(lba + i as u64) == raw
-                        && Entry::decode(raw)
-                            .is_some_and(|e| e.tag_matches(crate::crc::checksum(block)));
-                    if vouched {
-                        Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
-                    } else {
-                        one_by_one.push((r.range, i));
-                    }
+        ReadPlan {
+            seen,
+            runs,
+            one_by_one,
+        }
+    }
+
+    /// Checks what the plan's runs read into `ranges` (`ok[k]`: run k's drive read
+    /// succeeded) and reads everything it cannot vouch for, and the blocks the plan left, the
+    /// one-block way (which retries, reconstructs and counts errors); one result per range.
+    pub(crate) fn finish_ranges(
+        &self,
+        vol: &VolumeState,
+        plan: ReadPlan,
+        ranges: &mut [(u64, &mut [u8])],
+        ok: &[bool],
+    ) -> Vec<Result<()>> {
+        debug_assert_eq!(ok.len(), plan.runs.len());
+        debug_assert_eq!(ranges.len(), plan.seen.len());
+        let ReadPlan {
+            seen,
+            runs,
+            mut one_by_one,
+        } = plan;
+        for (r, &good) in runs.iter().zip(ok) {
+            let (lba, out) = &ranges[r.range];
+            debug_assert!((r.first + r.blocks) * BLOCK <= out.len());
+            for i in r.first..r.first + r.blocks {
+                let block = &out[i * BLOCK..(i + 1) * BLOCK];
+                let raw = seen[r.range][i];
+                // The data counts only if the entry did not change while it was read (the
+                // cleaner may have moved the block and its segment been reused) and its CRC
+                // tag matches; anything else goes the one-block way.
+                let vouched = good
+                    && vol.map.get(lba + i as u64) == raw
+                    && Entry::decode(raw)
+                        .is_some_and(|e| e.tag_matches(crate::crc::checksum(block)));
+                if vouched {
+                    Stats::add(&self.stats.media_read_bytes, BLOCK as u64);
+                } else {
+                    one_by_one.push((r.range, i));
                 }
             }
         }

@@ -91,8 +91,8 @@ pub struct Extent {
 /// A handle to one volume; cheap to clone and safe to use from many threads.
 #[derive(Clone)]
 pub struct Volume {
-    pool: Arc<Inner>,
-    vol: Arc<VolumeState>,
+    pub(crate) pool: Arc<Inner>,
+    pub(crate) vol: Arc<VolumeState>,
 }
 
 impl Volume {
@@ -115,7 +115,7 @@ impl Volume {
         self.vol.size.load(Ordering::Relaxed)
     }
 
-    fn check(&self, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {
         if self.vol.deleted.load(Ordering::Relaxed) {
             return Err(Error::NotFound(format!(
                 "volume {:?} was deleted",
@@ -168,6 +168,17 @@ impl Volume {
     pub fn write_may_wait(&self, len: u64) -> bool {
         let stripe_data = self.pool.geo.chunk_size as u64 * self.pool.geo.k as u64;
         len >= (stripe_data / 4).max(B) && !self.pool.drives_complete_inline()
+    }
+
+    /// Whether the volume's reads suit a [`crate::ReadQueue`]: every member drive is a file
+    /// or block device the queue drives through io_uring. Not for memory drives (they
+    /// complete at once anyway) nor for drives that would wait inside `start` (a simulated
+    /// SSD keeping real time, a fault-injecting wrapper): front-ends run those elsewhere.
+    pub fn reads_suit_a_queue(&self) -> bool {
+        self.pool
+            .drives
+            .iter()
+            .all(|s| s.drive.as_ref().is_none_or(|d| d.fd_target().is_some()))
     }
 
     /// Whether reading `len` bytes at `offset` may wait for a drive: some block of the range

@@ -212,6 +212,13 @@ pub trait Export: Send + Sync {
     fn write_may_block(&self, _offset: u64, _len: u64) -> bool {
         false
     }
+    /// A queue of reads the connection's own thread starts and completes itself (see
+    /// [`ReadQueue`]), for exports whose reads wait for devices it can drive asynchronously.
+    /// The server asks once per connection and then sends the reads that `read_may_block`
+    /// there instead of to helper threads. Default: None (helpers, or inline).
+    fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
+        None
+    }
     /// Prefetch hint (`NBD_CMD_CACHE`); default: nothing to do.
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         Ok(())
@@ -225,6 +232,30 @@ pub trait Export: Send + Sync {
     fn rotational(&self) -> bool {
         false
     }
+}
+
+/// What [`ReadQueue::take`] hands a finished read to: its token, and its data or error.
+pub type ReadDone<'a> = dyn FnMut(u64, Result<&[u8], ExportError>) + 'a;
+
+/// Reads one thread starts and completes itself, many in flight at once, completing in any
+/// order: how a connection thread keeps its client's queue depth of reads on the devices
+/// without handing them to other threads (the reactor's read path). Owned by one
+/// connection; never shared.
+pub trait ReadQueue: Send {
+    /// Starts reading `len` bytes at `offset` (a range the server checked); the result comes
+    /// out of [`ReadQueue::take`] under `token`.
+    fn start(&mut self, token: u64, offset: u64, len: usize);
+    /// Hands the reads started so far to the devices without waiting.
+    fn submit(&mut self);
+    /// Collects the reads finished so far, without waiting.
+    fn poll(&mut self);
+    /// Waits until a read finishes or `fd` (the connection's socket) is readable or hung up;
+    /// true when `fd` is. Returns at once when a finished read waits to be taken.
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool>;
+    /// Passes the next finished read (token, data or error) to `f`; false when none.
+    fn take(&mut self, f: &mut ReadDone<'_>) -> bool;
+    /// Reads started and not yet taken.
+    fn outstanding(&self) -> usize;
 }
 
 /// The set of exports a server offers, looked up by name at handshake time.

@@ -35,7 +35,9 @@ mod transport;
 pub mod wire;
 
 pub use config::Config;
-pub use export::{ErrorKind, Export, ExportError, ExportSet, Extent, StaticExports};
+pub use export::{
+    ErrorKind, Export, ExportError, ExportSet, Extent, ReadDone, ReadQueue, StaticExports,
+};
 pub use memory::MemExport;
 pub use server::{Server, ShutdownHandle};
 pub use tls::{Tls, TlsCredentials, TlsMode};

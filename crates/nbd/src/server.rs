@@ -681,6 +681,7 @@ pub fn serve_stream<R: Read + Send, W: Write + Send>(
             max_helpers: config.helper_threads_per_connection,
             max_buffer_bytes: config.max_buffer_bytes_per_connection,
             busy_poll: None,
+            socket_fd: None,
         };
         transmission::serve(r, writer, &session, limits, &|_| {});
     }
@@ -761,6 +762,7 @@ fn serve_connection(shared: &Shared, id: u64, t: Transport) {
                 max_in_flight: shared.config.max_in_flight_per_connection,
                 max_helpers: shared.config.helper_threads_per_connection,
                 max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
+                socket_fd: poll_fd,
                 busy_poll: poll_fd
                     .filter(|_| !shared.config.busy_poll.is_zero() && shared.config.max_pollers > 0)
                     .map(|fd| BusyPoll {

@@ -44,6 +44,9 @@ use crate::poll_policy::{PollPolicy, PollerSlots, Wait};
 use crate::proto::*;
 use crate::wire::{self, ReplyTo, Request, EXT_REQUEST_LEN, REQUEST_LEN};
 
+mod async_reads;
+use async_reads::AsyncReads;
+
 /// Budget bytes charged for a queued reply without payload (so a client
 /// that never reads its replies cannot make the queue grow without bound).
 const SMALL_REPLY_CHARGE: u64 = 64;
@@ -83,6 +86,11 @@ pub struct Limits {
     /// Busy polling (`Config::busy_poll`, adapted to the client by a [`PollPolicy`]); None
     /// never polls.
     pub busy_poll: Option<BusyPoll>,
+    /// The connection's socket (or the plain end of its TLS pump), valid while the reader
+    /// lives: with it, reads that wait for a device run on the export's read queue
+    /// (`Export::read_queue`), the thread waiting on the queue and this socket at once.
+    /// None: such reads go to helper threads.
+    pub socket_fd: Option<std::os::fd::RawFd>,
 }
 
 /// A reply and the budget bytes it holds until written.
@@ -211,10 +219,18 @@ pub fn serve<R: Read + Send, W: Write + Send>(
     let mut inb = InBuf::new(READ_BUFFER);
     inb.preload(reader.buffer());
     let mut r = reader.into_inner();
+    let mut reads = conn
+        .limits
+        .socket_fd
+        .and_then(|_| session.export.read_queue())
+        .map(AsyncReads::new);
     std::thread::scope(|scope| {
         let mut batch = Vec::new();
-        if let Err(e) = conn.pump(scope, &mut r, &mut inb, &mut batch) {
+        if let Err(e) = conn.pump(scope, &mut r, &mut inb, &mut batch, reads.as_mut()) {
             tracing::debug!("connection closed: {e}");
+        }
+        if let Some(ar) = reads.as_mut() {
+            conn.drain_reads(ar, &mut batch);
         }
         conn.send(&mut batch);
         let mut h = lock(&conn.helpers);
@@ -399,6 +415,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         r: &mut R,
         inb: &mut InBuf,
         batch: &mut Vec<Reply>,
+        mut reads: Option<&mut AsyncReads>,
     ) -> io::Result<()> {
         let mut policy = self
             .limits
@@ -456,13 +473,14 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         if io::copy(&mut r.by_ref().take(rest), &mut io::sink())? < rest {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
-                        let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                        let held =
+                            self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
                         let reply = if foreign_payload {
                             self.error(&req, EINVAL, "this command takes no payload")
                         } else {
                             self.error(&req, EOVERFLOW, "write larger than 64 MiB")
                         };
-                        self.push_reply(batch, reply, held);
+                        self.push_reply(batch, reply, held, reads.as_deref_mut());
                     }
                     // From here on a WRITE's length is at most MAX_PAYLOAD.
                     CMD_WRITE if avail.len() >= hl + req.len as usize => {
@@ -470,16 +488,20 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         if is_slow(&req) || self.writes_elsewhere(&req) {
                             let payload = avail[hl..hl + len].to_vec();
                             inb.consume(hl + len);
-                            let held =
-                                self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
+                            let held = self.take_budget(
+                                (len as u64).max(SMALL_REPLY_CHARGE),
+                                batch,
+                                reads.as_deref_mut(),
+                            );
                             self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
                         } else {
-                            let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                            let held =
+                                self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
                             let inb_ref = &*inb;
                             let payload = &inb_ref.avail()[hl..hl + len];
                             let reply = self.execute(&req, payload);
                             inb.consume(hl + len);
-                            self.push_reply(batch, reply, held);
+                            self.push_reply(batch, reply, held, reads.as_deref_mut());
                         }
                     }
                     CMD_WRITE if hl + req.len as usize <= inb.buf.len() => break, // read the rest
@@ -487,7 +509,11 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         // Longer than the read buffer: its own buffer.
                         let len = req.len as usize;
                         let in_buf = avail.len() - hl;
-                        let held = self.take_budget((len as u64).max(SMALL_REPLY_CHARGE), batch);
+                        let held = self.take_budget(
+                            (len as u64).max(SMALL_REPLY_CHARGE),
+                            batch,
+                            reads.as_deref_mut(),
+                        );
                         let mut payload = vec![0u8; len];
                         payload[..in_buf].copy_from_slice(&inb.avail()[hl..]);
                         inb.consume(hl + in_buf);
@@ -508,15 +534,20 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         // A read that waits for a device goes to a helper unless it is the
                         // only request in progress and no other is buffered (a client at
                         // queue depth 1): then the hand-off would only add a wake-up.
-                        let elsewhere = self.reads_elsewhere(&req)
+                        let elsewhere = self.reads_elsewhere(&req, reads.is_some())
                             && !(inb.avail().len() < hl
                                 && batch.is_empty()
                                 && group.is_empty()
+                                && reads.as_ref().is_none_or(|ar| ar.in_progress() == 0)
                                 && lock(&self.helpers).outstanding == 0);
-                        if elsewhere {
+                        if let (true, Some(ar)) = (elsewhere, reads.as_deref_mut()) {
+                            // On the read queue: started now, answered when its data is in.
+                            self.start_read(ar, req, batch);
+                        } else if elsewhere {
                             // A read that waits for a device: it joins the group a helper
                             // thread will run, and the connection goes on with the next request.
-                            let held = self.take_budget(reply_charge(&req), batch);
+                            let held =
+                                self.take_budget(reply_charge(&req), batch, reads.as_deref_mut());
                             group.push((req, held));
                             // While a helper is free the read starts at once, on its own; when
                             // every helper is busy, reads gather into groups (fewer wake-ups
@@ -525,7 +556,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                                 self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
                             }
                         } else if is_slow(&req) {
-                            let held = self.take_budget(SMALL_REPLY_CHARGE, batch);
+                            let held =
+                                self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
                             let job = SlowJob {
                                 req,
                                 payload: Vec::new(),
@@ -533,9 +565,10 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                             };
                             self.hand_off(scope, Job::One(job), batch);
                         } else {
-                            let held = self.take_budget(reply_charge(&req), batch);
+                            let held =
+                                self.take_budget(reply_charge(&req), batch, reads.as_deref_mut());
                             let reply = self.execute(&req, &[]);
-                            self.push_reply(batch, reply, held);
+                            self.push_reply(batch, reply, held, reads.as_deref_mut());
                         }
                     }
                 }
@@ -548,8 +581,29 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             if !group.is_empty() {
                 self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
             }
+            if let Some(ar) = reads.as_deref_mut() {
+                self.submit_reads(ar);
+                self.finish_reads(ar, batch);
+            }
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());
+            }
+            // Reads in progress: sleep until one finishes (answer it) or the client sends
+            // more (read it), whichever comes first.
+            if let Some(ar) = reads.as_deref_mut().filter(|ar| ar.in_progress() > 0) {
+                if !ar.wait(self.limits.socket_fd)? {
+                    continue;
+                }
+                if inb.fill(r)? == 0 {
+                    if inb.avail().is_empty() {
+                        return Ok(());
+                    }
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "client left mid-request",
+                    ));
+                }
+                continue;
             }
             let wait = if inb.avail().is_empty() {
                 Wait::BetweenRequests
@@ -616,9 +670,11 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             && self.s.export.write_may_block(req.offset, req.len)
     }
 
-    /// Whether `req` is a read to hand to a helper thread: the export says it may wait for a
-    /// device, and the range is valid (an invalid one is answered inline).
-    fn reads_elsewhere(&self, req: &Request) -> bool {
+    /// Whether `req` is a read to run elsewhere than inline: on the read queue (`queued`:
+    /// every read goes there, as what needs no device completes inside `start` at the same
+    /// cost as inline), or on a helper thread when the export says it may wait for a device.
+    /// The range must be valid (an invalid one is answered inline).
+    fn reads_elsewhere(&self, req: &Request, queued: bool) -> bool {
         req.kind == CMD_READ
             && self.limits.max_helpers > 0
             && req.len > 0
@@ -626,7 +682,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 .offset
                 .checked_add(req.len)
                 .is_some_and(|e| e <= self.s.size)
-            && self.s.export.read_may_block(req.offset, req.len)
+            && (queued || self.s.export.read_may_block(req.offset, req.len))
     }
 
     /// Queue an inline request's reply holding `held` budget bytes, topped up to
@@ -635,21 +691,45 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     /// many chunks), so the budget bounds every reply that waits for the socket.
     /// One reply never holds more than the whole budget (it could never get
     /// more: waiting for it would deadlock).
-    fn push_reply(&self, batch: &mut Vec<Reply>, reply: Vec<u8>, mut held: u64) {
+    fn push_reply(
+        &self,
+        batch: &mut Vec<Reply>,
+        reply: Vec<u8>,
+        mut held: u64,
+        reads: Option<&mut AsyncReads>,
+    ) {
         let want = (reply.len() as u64).min(self.budget.capacity());
         if want > held {
-            held += self.take_budget(want - held, batch);
+            held += self.take_budget(want - held, batch, reads);
         }
         batch.push((reply, held));
     }
 
-    /// Take `n` budget bytes; if that has to wait, send our own queued
-    /// replies first (they may be what holds the budget).
-    fn take_budget(&self, n: u64, batch: &mut Vec<Reply>) -> u64 {
+    /// Take `n` budget bytes; if that has to wait, send our own queued replies first (they
+    /// may be what holds the budget), and answer the reads of our read queue as they finish
+    /// (only this thread can: waiting for the budget they hold would never end).
+    fn take_budget(
+        &self,
+        n: u64,
+        batch: &mut Vec<Reply>,
+        mut reads: Option<&mut AsyncReads>,
+    ) -> u64 {
         if let Some(got) = self.budget.try_acquire(n) {
             return got;
         }
         self.send(batch);
+        while let Some(ar) = reads.as_deref_mut().filter(|ar| ar.in_progress() > 0) {
+            if let Some(got) = self.budget.try_acquire(n) {
+                return got;
+            }
+            self.submit_reads(ar);
+            if let Err(e) = ar.wait(None) {
+                tracing::debug!("read queue wait failed: {e}");
+                break;
+            }
+            self.finish_reads(ar, batch);
+            self.send(batch);
+        }
         self.budget.acquire(n)
     }
 
@@ -840,6 +920,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }
     }
 
+    /// Checks a READ's length, flags and range; `Err(reply)` if refused.
+    fn check_read(&self, req: &Request) -> Result<(), Vec<u8>> {
+        let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
+        if req.len > MAX_PAYLOAD as u64 {
+            return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
+        }
+        self.validate(req, CMD_FLAG_FUA | df, EINVAL)
+    }
+
     fn writable(&self, req: &Request) -> Result<(), Vec<u8>> {
         if self.s.export.read_only() {
             Err(self.error(req, EPERM, "export is read-only"))
@@ -855,11 +944,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         let r = (|| -> Result<Vec<u8>, Vec<u8>> {
             match req.kind {
                 CMD_READ => {
-                    let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
-                    if req.len > MAX_PAYLOAD as u64 {
-                        return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
-                    }
-                    self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
+                    self.check_read(req)?;
                     Ok(self.read(req))
                 }
                 CMD_WRITE => {
@@ -1000,11 +1085,10 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     /// Runs several READs with one `Export::read_many`, so the export can have all their
     /// device reads in flight at once; one reply each, in the order given.
     fn read_group(&self, reqs: &[Request]) -> Vec<Vec<u8>> {
-        let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
         let mut replies: Vec<Result<ReadReply, Vec<u8>>> = reqs
             .iter()
             .map(|req| {
-                self.validate(req, CMD_FLAG_FUA | df, EINVAL)?;
+                self.check_read(req)?;
                 Ok(self.read_reply(req))
             })
             .collect();

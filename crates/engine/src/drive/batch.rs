@@ -129,7 +129,14 @@ fn sync_order(n: usize) -> Vec<usize> {
 /// Set once io_uring failed to start on some thread (the log says so only once).
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
-fn disabled_by_env() -> bool {
+/// Logs, once per process, that io_uring could not be started.
+pub(crate) fn report_unavailable(e: &io::Error) {
+    if !REPORTED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(error = %e, "io_uring is not available; drive I/O runs synchronously, one operation at a time per thread");
+    }
+}
+
+pub(crate) fn disabled_by_env() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("FLASHPOOL_IO_URING").is_ok_and(|v| v == "off" || v == "0"))
 }
@@ -149,9 +156,7 @@ fn with_ring<T>(f: impl FnOnce(Option<&mut IoUring>) -> T) -> T {
                 match IoUring::new(RING_ENTRIES) {
                     Ok(r) => RingState::Ready(Box::new(r)),
                     Err(e) => {
-                        if !REPORTED.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(error = %e, "io_uring is not available; drive I/O runs synchronously, one operation at a time per thread");
-                        }
+                        report_unavailable(&e);
                         RingState::Unavailable
                     }
                 }

@@ -1,0 +1,180 @@
+//! READs the connection thread runs on its export's read queue (`Export::read_queue`)
+//! instead of handing them to helper threads: the thread starts each read's device I/O,
+//! goes on parsing and answering the requests behind it, and replies to each read when its
+//! data is in, in whatever order the devices finish. When it has nothing else to do it
+//! sleeps in one wait for either a read to finish or the client to send more
+//! (`ReadQueue::wait` on the socket), so no thread hands work to another on the read path.
+//!
+//! A READ keeps the budget bytes of its reply from the moment it is parsed, as inline and
+//! helper reads do, and counts against `max_in_flight` until answered; the connection
+//! answers every read it started before it returns (`drain`).
+
+use super::*;
+use crate::export::ReadQueue;
+use std::collections::HashMap;
+
+/// A READ whose data is being read.
+struct InFlightRead {
+    req: Request,
+    reply: ReadReply,
+    /// Parts of the reply still being read.
+    left: usize,
+    /// Budget bytes its reply holds.
+    held: u64,
+    /// The first part that failed.
+    failed: Option<ExportError>,
+}
+
+/// A connection's reads in progress on its read queue.
+pub(super) struct AsyncReads {
+    q: Box<dyn ReadQueue>,
+    /// By request serial.
+    reads: HashMap<u64, InFlightRead>,
+    /// Queue token -> (request serial, part of its reply).
+    parts: HashMap<u64, (u64, usize)>,
+    next_serial: u64,
+    next_token: u64,
+    /// Reads started since the last submit.
+    unsubmitted: bool,
+}
+
+impl AsyncReads {
+    pub(super) fn new(q: Box<dyn ReadQueue>) -> Self {
+        AsyncReads {
+            q,
+            reads: HashMap::new(),
+            parts: HashMap::new(),
+            next_serial: 0,
+            next_token: 0,
+            unsubmitted: false,
+        }
+    }
+
+    /// READs started and not yet answered.
+    pub(super) fn in_progress(&self) -> usize {
+        self.reads.len()
+    }
+
+    /// Waits for a read to finish or the socket `fd` to be readable (true).
+    pub(super) fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> io::Result<bool> {
+        self.unsubmitted = false;
+        self.q.wait(fd)
+    }
+}
+
+impl<'a, W: Write + Send> Conn<'a, W> {
+    /// Starts READ `req` on the queue, or answers it at once (refused, or all holes).
+    pub(super) fn start_read(&self, ar: &mut AsyncReads, req: Request, batch: &mut Vec<Reply>) {
+        // The in-flight limit: answer reads already in until there is room.
+        while ar.in_progress() > 0
+            && ar.in_progress() + batch.len() + lock(&self.helpers).outstanding
+                >= self.limits.max_in_flight
+        {
+            self.send(batch);
+            if let Err(e) = ar.wait(None) {
+                tracing::debug!("read queue wait failed: {e}");
+                break;
+            }
+            self.finish_reads(ar, batch);
+        }
+        let held = self.take_budget(reply_charge(&req), batch, Some(ar));
+        if let Err(reply) = self.check_read(&req) {
+            self.push_reply(batch, reply, held, Some(ar));
+            return;
+        }
+        let reply = self.read_reply(&req);
+        if reply.parts.is_empty() {
+            self.push_reply(batch, reply.out, held, Some(ar));
+            return;
+        }
+        let serial = ar.next_serial;
+        ar.next_serial += 1;
+        for (i, (off, range)) in reply.parts.iter().enumerate() {
+            let token = ar.next_token;
+            ar.next_token += 1;
+            ar.parts.insert(token, (serial, i));
+            ar.q.start(token, *off, range.len());
+        }
+        ar.unsubmitted = true;
+        let left = reply.parts.len();
+        ar.reads.insert(
+            serial,
+            InFlightRead {
+                req,
+                reply,
+                left,
+                held,
+                failed: None,
+            },
+        );
+    }
+
+    /// Hands the reads started to the devices (before the thread answers or waits).
+    pub(super) fn submit_reads(&self, ar: &mut AsyncReads) {
+        if ar.unsubmitted {
+            ar.unsubmitted = false;
+            ar.q.submit();
+        }
+    }
+
+    /// Queues the replies of every read finished so far.
+    pub(super) fn finish_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
+        let AsyncReads {
+            q, reads, parts, ..
+        } = ar;
+        q.poll();
+        let mut complete: Vec<u64> = Vec::new();
+        while q.take(&mut |token, res| {
+            let Some((serial, part)) = parts.remove(&token) else {
+                debug_assert!(false, "a read queue token we did not start");
+                return;
+            };
+            let r = reads.get_mut(&serial).expect("a part of a read in flight");
+            match res {
+                Ok(data) => {
+                    let range = r.reply.parts[part].1.clone();
+                    debug_assert_eq!(range.len(), data.len());
+                    r.reply.out[range].copy_from_slice(data);
+                }
+                Err(e) => {
+                    r.failed.get_or_insert(e);
+                }
+            }
+            r.left -= 1;
+            if r.left == 0 {
+                complete.push(serial);
+            }
+        }) {}
+        for serial in complete {
+            let r = reads.remove(&serial).expect("a read in flight");
+            let reply = match r.failed {
+                Some(e) => self.error(&r.req, e.kind.nbd_errno(), &e.message),
+                None => r.reply.out,
+            };
+            // Topped up only if the budget has room at once (a read's reply can outgrow its
+            // charge by chunk headers): waiting here would wait for ourselves.
+            let want = (reply.len() as u64).min(self.budget.capacity());
+            let extra = want
+                .checked_sub(r.held)
+                .and_then(|more| self.budget.try_acquire(more))
+                .unwrap_or(0);
+            batch.push((reply, r.held + extra));
+        }
+    }
+
+    /// Answers every read still in progress (the connection is ending).
+    pub(super) fn drain_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
+        self.submit_reads(ar);
+        while ar.in_progress() > 0 {
+            self.finish_reads(ar, batch);
+            if ar.in_progress() == 0 {
+                break;
+            }
+            self.send(batch);
+            if let Err(e) = ar.wait(None) {
+                tracing::debug!("read queue wait failed with reads in flight: {e}");
+                return;
+            }
+        }
+    }
+}
