@@ -38,8 +38,11 @@ use std::os::fd::RawFd;
 /// Submission queue entries of a queue's ring (the completion queue is twice that; the
 /// kernel keeps overflowing completions, so a burst of more reads only waits).
 const RING_ENTRIES: u32 = 256;
-/// User data of the socket poll (read operations use slot << 32 | run).
-const POLL_TAG: u64 = u64::MAX;
+/// User data of a socket poll: this bit and the poll's generation (read operations use
+/// slot << 32 | run).
+const POLL_TAG: u64 = 1 << 63;
+/// User data of the removal of a poll of another descriptor (its completion is ignored).
+const REMOVE_TAG: u64 = u64::MAX;
 /// Buffers kept for reuse ([`ReadQueue::recycle`]), and the largest kept.
 const SPARE_BUFFERS: usize = 64;
 const SPARE_MAX_LEN: usize = 128 << 10;
@@ -85,7 +88,10 @@ pub struct ReadQueue {
     in_ring: usize,
     /// Reads started and not yet taken.
     outstanding: usize,
-    poll_armed: bool,
+    /// The descriptor the armed socket poll watches, if one is armed.
+    poll_fd: Option<RawFd>,
+    /// Generation of the latest socket poll (completions of older ones are ignored).
+    poll_gen: u64,
     /// Test hook: reads that completed inside `start`, kept back (see `hold_inline`).
     held: Option<(u64, Vec<ReadDone>)>,
     /// Buffers of taken reads, for the next ones (no allocation nor zeroing per read).
@@ -122,7 +128,8 @@ impl ReadQueue {
             done: VecDeque::new(),
             in_ring: 0,
             outstanding: 0,
-            poll_armed: false,
+            poll_fd: None,
+            poll_gen: 0,
             held: None,
             spare: Vec::new(),
             cqes: Vec::new(),
@@ -139,7 +146,10 @@ impl ReadQueue {
     /// late and out of order); `None` hands them out at once again (and releases those kept).
     pub fn hold_inline(&mut self, seed: Option<u64>) {
         match seed {
-            Some(s) => self.held = Some((s | 1, Vec::new())),
+            Some(s) => {
+                let kept = self.held.take().map(|(_, k)| k).unwrap_or_default();
+                self.held = Some((s | 1, kept));
+            }
             None => {
                 if let Some((_, kept)) = self.held.take() {
                     self.done.extend(kept);
@@ -160,8 +170,18 @@ impl ReadQueue {
         self.outstanding += 1;
         let b = BLOCK as u64;
         let whole = offset.is_multiple_of(b) && len.is_multiple_of(BLOCK) && len > 0;
-        if self.ring.is_none() || !whole || vol.check(offset, len as u64).is_err() {
-            let mut buf = AlignedBuf::zeroed(len);
+        if let Err(e) = vol.check(offset, len as u64) {
+            // Refused before anything is allocated for it.
+            self.finished_inline(ReadDone {
+                token,
+                result: Err(e),
+                buf: AlignedBuf::zeroed(0),
+                len: 0,
+            });
+            return;
+        }
+        if self.ring.is_none() || !whole {
+            let mut buf = self.buffer(len);
             let result = vol.read(offset, &mut buf);
             self.finished_inline(ReadDone {
                 token,
@@ -255,20 +275,23 @@ impl ReadQueue {
         if self.in_ring == 0 && fd.is_none() {
             return Ok(false);
         }
-        if let (Some(fd), false) = (fd, self.poll_armed) {
-            let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-                .build()
-                .user_data(POLL_TAG);
-            // SAFETY: a poll entry refers to no memory of ours; the caller keeps `fd` open
-            // while this queue lives (a closed fd only completes the poll with an error).
-            if unsafe { ring.submission().push(&sqe) }.is_err() {
-                ring.submit()?;
-                // SAFETY: as above.
-                if unsafe { ring.submission().push(&sqe) }.is_err() {
-                    return Err(io::Error::other("io_uring submission queue full"));
-                }
+        if let Some(fd) = fd {
+            if self.poll_fd.is_some_and(|armed| armed != fd) {
+                // Armed on another descriptor: take that poll out.
+                let rm = opcode::PollRemove::new(POLL_TAG | self.poll_gen)
+                    .build()
+                    .user_data(REMOVE_TAG);
+                push_now(ring, &rm)?;
+                self.poll_fd = None;
             }
-            self.poll_armed = true;
+            if self.poll_fd.is_none() {
+                self.poll_gen = (self.poll_gen + 1) & !POLL_TAG;
+                let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                    .build()
+                    .user_data(POLL_TAG | self.poll_gen);
+                push_now(ring, &sqe)?;
+                self.poll_fd = Some(fd);
+            }
         }
         loop {
             match ring.submit_and_wait(1) {
@@ -340,9 +363,15 @@ impl ReadQueue {
         cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         let mut polled = false;
         for &(ud, res) in &cqes {
-            if ud == POLL_TAG {
-                self.poll_armed = false;
-                polled = true;
+            if ud == REMOVE_TAG {
+                continue;
+            }
+            if ud & POLL_TAG != 0 {
+                // The latest poll fired; an older one completes when removed: ignored.
+                if ud == POLL_TAG | self.poll_gen && self.poll_fd.is_some() {
+                    self.poll_fd = None;
+                    polled = true;
+                }
                 continue;
             }
             let (slot, k) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
@@ -391,6 +420,22 @@ impl ReadQueue {
         self.done.push_back(d);
         true
     }
+}
+
+/// Pushes an entry that refers to no memory of ours (a poll, a poll removal), submitting
+/// first when the submission queue is full.
+fn push_now(ring: &mut IoUring, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
+    // SAFETY: a poll entry refers to no memory of ours (the caller keeps a polled descriptor
+    // open while it waits on it; the ring holds the file of an armed poll until it completes
+    // or is removed, so closing the descriptor does not end the poll).
+    if unsafe { ring.submission().push(sqe) }.is_err() {
+        ring.submit()?;
+        // SAFETY: as above.
+        if unsafe { ring.submission().push(sqe) }.is_err() {
+            return Err(io::Error::other("io_uring submission queue full"));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a read whose drive reads are done and reads again what it cannot vouch for.
