@@ -514,12 +514,18 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                             batch,
                             reads.as_deref_mut(),
                         );
-                        let mut payload = vec![0u8; len];
-                        payload[..in_buf].copy_from_slice(&inb.avail()[hl..]);
+                        // Read straight into the payload's spare capacity (sockets fill it
+                        // without it being zeroed first: `read_buf`).
+                        let mut payload = Vec::with_capacity(len);
+                        payload.extend_from_slice(&inb.avail()[hl..]);
                         inb.consume(hl + in_buf);
-                        if let Err(e) = r.read_exact(&mut payload[in_buf..]) {
+                        let rest = (len - in_buf) as u64;
+                        let got = r.by_ref().take(rest).read_to_end(&mut payload);
+                        if !got.as_ref().is_ok_and(|&n| n as u64 == rest) {
                             self.budget.release(held);
-                            return Err(e);
+                            return Err(got.err().unwrap_or_else(|| {
+                                io::ErrorKind::UnexpectedEof.into()
+                            }));
                         }
                         if is_slow(&req) || self.writes_elsewhere(&req) {
                             self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
