@@ -523,9 +523,9 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         let got = r.by_ref().take(rest).read_to_end(&mut payload);
                         if !got.as_ref().is_ok_and(|&n| n as u64 == rest) {
                             self.budget.release(held);
-                            return Err(got.err().unwrap_or_else(|| {
-                                io::ErrorKind::UnexpectedEof.into()
-                            }));
+                            return Err(got
+                                .err()
+                                .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into()));
                         }
                         if is_slow(&req) || self.writes_elsewhere(&req) {
                             self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
