@@ -47,11 +47,17 @@
 //! Drives are also added online ([`Op::AddDrive`]: a fresh tracked drive joins the open pool,
 //! new stripes get wider, and the new drive is inside the fault budget and the crashes from
 //! then on).
+//!
+//! About a third of the read ops go through a [`ReadQueue`] (the reactor's read path) with a
+//! few more reads started beside them; they stay outstanding for some ops and come back out of
+//! order, each checked against the model as it was when the read started (see [`Reads`]).
 
 use flashpool_engine::drive::{CrashFate, Drive, DriveRef, FaultDrive, FaultSwitch, MemDrive};
 use flashpool_engine::format::superblock::{MEMBER_ACTIVE, MEMBER_RETIRED};
 use flashpool_engine::stripe::StripeShape;
-use flashpool_engine::{read_superblock, Compression, Error, GcPolicy, Pool, PoolConfig};
+use flashpool_engine::{
+    read_superblock, Compression, Error, GcPolicy, Pool, PoolConfig, ReadDone, ReadQueue,
+};
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus as Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -75,6 +81,10 @@ const SMALL_WRITE_BUDGET: u64 = 96 << 20;
 /// ENOSPC is a finding when the model's mapped data is below this percentage of what the pool
 /// can hold at its current width (the rest is slack for headers, partial stripes, reserves).
 const NOSPACE_MIN_FILL: u64 = 60;
+/// Read-queue reads outstanding: past this many, some are taken after the op (3 to 6 stay).
+const QUEUE_MAX_HELD: usize = 6;
+/// Ops a read-queue read may stay outstanding at most (all are taken then).
+const QUEUE_MAX_AGE: u64 = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Operations
@@ -353,6 +363,39 @@ fn payload(stamp: u64, len: u64) -> Vec<u8> {
     out
 }
 
+/// A random range of a volume of `size` bytes (`big`: sometimes 32 to 512 whole blocks).
+fn range_in(r: &mut Rng, size: u64, big: bool) -> (u64, u64) {
+    // Small pools fill up through large aligned writes of 32 to 512 blocks.
+    if big && size >= 32 * B && r.random_range(0..5) < 2 {
+        let blocks = size / B;
+        let n = r.random_range(32..=blocks.min(512));
+        let b = r.random_range(0..=blocks - n);
+        return (b * B, n * B);
+    }
+    match r.random_range(0..10) {
+        // Aligned, 1 to 16 blocks.
+        0..=4 => {
+            let blocks = size / B;
+            if blocks == 0 {
+                return (0, size);
+            }
+            let b = r.random_range(0..blocks);
+            let n = r.random_range(1..=(blocks - b).min(16));
+            (b * B, n * B)
+        }
+        // Tiny: 1 to 512 bytes anywhere.
+        5 | 6 => {
+            let o = r.random_range(0..size);
+            (o, r.random_range(1..=(size - o).min(512)))
+        }
+        // Unaligned, up to 40 KB.
+        _ => {
+            let o = r.random_range(0..size);
+            (o, r.random_range(1..=(size - o).min(40_000)))
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Counters
 
@@ -413,6 +456,56 @@ struct Tally {
     renamed_opens: u64,
     /// Strict-mode seeds that ended on a pool read-only by design (m of n - retired faulty).
     read_only_ends: u64,
+    /// Reads started on the read queue (each taken and checked; counted in `reads_checked`).
+    queued_reads: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads through a read queue
+
+/// A read started on the world's [`ReadQueue`] and not taken yet: what it must return.
+struct QueuedRead {
+    vol: String,
+    offset: u64,
+    len: u64,
+    /// The model's contents when the read started: reads of memory drives complete inside
+    /// `start`, so they see the pool as it was then, whatever later ops changed.
+    want: Vec<u8>,
+    /// The op that started it (for messages and the age bound).
+    op: u64,
+}
+
+/// Every reliability harness runs over the asynchronous read path too: about a third of the
+/// read ops read through a [`ReadQueue`] (the reactor's path: its own planning of drive runs,
+/// buffers reused from earlier reads, results taken later), with 0 to 3 more reads of random
+/// ranges started at the same moment. `hold_inline` keeps them back (memory drives complete
+/// every read inside `start`) and hands them out later in a seeded shuffled order; they stay
+/// outstanding across the next ops, up to `QUEUE_MAX_AGE` ops or `QUEUE_MAX_HELD` reads, and
+/// are all taken before anything closes, crashes or reopens the pool or deletes or resizes a
+/// volume. Each must come back exactly once, without error (as the synchronous read op), with
+/// the model's contents from its start.
+///
+/// Every decision about the queue comes from a generator of its own, derived from the seed:
+/// a seed still replays exactly (`FLASHPOOL_DST_SEED`), and the seed's op stream is the one it
+/// had before reads went through the queue, so the regression seeds keep their histories.
+struct Reads {
+    q: ReadQueue,
+    rng: Rng,
+    next_token: u64,
+    pending: BTreeMap<u64, QueuedRead>,
+}
+
+impl Reads {
+    fn new(seed: u64) -> Self {
+        let mut q = ReadQueue::new();
+        q.hold_inline(Some(seed.wrapping_mul(0xd134_2543_de82_ef95) ^ 0x5eed));
+        Reads {
+            q,
+            rng: Rng::seed_from_u64(seed ^ 0x7265_6164_7175_6575),
+            next_token: 1,
+            pending: BTreeMap::new(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,6 +551,10 @@ struct World {
     written: u64,
     trace: Vec<String>,
     tally: Tally,
+    /// Reads through the read queue (a third of the read ops, and reads started with them).
+    reads: Reads,
+    /// Print the op trace as it goes (single-seed reproduction).
+    verbose: bool,
 }
 
 type Check = std::result::Result<(), String>;
@@ -528,6 +625,8 @@ impl World {
             written: 0,
             trace: Vec::new(),
             tally: Tally::default(),
+            reads: Reads::new(seed),
+            verbose: false,
         }
     }
 
@@ -928,36 +1027,7 @@ impl World {
     }
 
     fn range(&mut self, size: u64, big: bool) -> (u64, u64) {
-        let r = &mut self.rng;
-        // Small pools fill up through large aligned writes of 32 to 512 blocks.
-        if big && size >= 32 * B && r.random_range(0..5) < 2 {
-            let blocks = size / B;
-            let n = r.random_range(32..=blocks.min(512));
-            let b = r.random_range(0..=blocks - n);
-            return (b * B, n * B);
-        }
-        match r.random_range(0..10) {
-            // Aligned, 1 to 16 blocks.
-            0..=4 => {
-                let blocks = size / B;
-                if blocks == 0 {
-                    return (0, size);
-                }
-                let b = r.random_range(0..blocks);
-                let n = r.random_range(1..=(blocks - b).min(16));
-                (b * B, n * B)
-            }
-            // Tiny: 1 to 512 bytes anywhere.
-            5 | 6 => {
-                let o = r.random_range(0..size);
-                (o, r.random_range(1..=(size - o).min(512)))
-            }
-            // Unaligned, up to 40 KB.
-            _ => {
-                let o = r.random_range(0..size);
-                (o, r.random_range(1..=(size - o).min(40_000)))
-            }
-        }
+        range_in(&mut self.rng, size, big)
     }
 
     fn vol_size(&mut self) -> u64 {
@@ -1164,6 +1234,12 @@ impl World {
                 }
             };
         }
+        if matches!(
+            op,
+            Op::Crash { .. } | Op::Reopen | Op::DeleteVolume { .. } | Op::ResizeVolume { .. }
+        ) {
+            self.take_reads(usize::MAX)?;
+        }
         match op {
             Op::Write {
                 vol,
@@ -1196,6 +1272,9 @@ impl World {
                 if *fua {
                     self.flush_model();
                 }
+            }
+            Op::Read { vol, offset, len } if self.reads.rng.random_range(0..3) == 0 => {
+                self.queue_reads(vol, *offset, *len)?;
             }
             Op::Read { vol, offset, len } => {
                 let v = self.volume(vol)?;
@@ -1581,6 +1660,165 @@ impl World {
         Ok(())
     }
 
+    /// The read op `vol [offset, +len)` through the read queue, with 0 to 3 more reads of
+    /// random ranges of live volumes started at the same moment (see [`Reads`]).
+    fn queue_reads(&mut self, vol: &str, offset: u64, len: u64) -> Check {
+        let mut reads = vec![(vol.to_string(), offset, len)];
+        let live: Vec<(String, u64)> = self
+            .vols
+            .iter()
+            .filter(|(_, v)| v.size > 0)
+            .map(|(n, v)| (n.clone(), v.size))
+            .collect();
+        for _ in 0..self.reads.rng.random_range(0..=3) {
+            let (name, size) = &live[self.reads.rng.random_range(0..live.len())];
+            let (o, l) = range_in(&mut self.reads.rng, *size, false);
+            reads.push((name.clone(), o, l));
+        }
+        let op = self.tally.ops - 1;
+        let mut note = String::from("  -> queued");
+        for (name, offset, len) in reads {
+            let v = self.volume(&name)?;
+            let token = self.reads.next_token;
+            self.reads.next_token += 1;
+            let want = self.vols[&name].read(offset, len);
+            self.reads.q.start(&v, token, offset, len as usize);
+            let _ = write!(note, " t{token} {name} [{offset}, +{len})");
+            self.reads.pending.insert(
+                token,
+                QueuedRead {
+                    vol: name,
+                    offset,
+                    len,
+                    want,
+                    op,
+                },
+            );
+            self.tally.queued_reads += 1;
+        }
+        self.reads.q.submit();
+        self.note(note);
+        self.check_outstanding()
+    }
+
+    /// After each op: sometimes takes some queued reads; all of them once the oldest has been
+    /// outstanding for `QUEUE_MAX_AGE` ops, and at least enough to leave `QUEUE_MAX_HELD`.
+    fn reads_after_op(&mut self) -> Check {
+        let n = self.reads.pending.len();
+        let Some(oldest) = self.reads.pending.values().map(|r| r.op).min() else {
+            return Ok(());
+        };
+        let take = if self.tally.ops - 1 - oldest >= QUEUE_MAX_AGE {
+            n
+        } else if n > QUEUE_MAX_HELD {
+            n - QUEUE_MAX_HELD + self.reads.rng.random_range(0..=QUEUE_MAX_HELD / 2)
+        } else if self.reads.rng.random_range(0..4) == 0 {
+            self.reads.rng.random_range(1..=n)
+        } else {
+            0
+        };
+        self.take_reads(take)
+    }
+
+    /// Takes up to `n` queued reads (`usize::MAX`: every one, and then none may be left), in
+    /// the order the queue hands them out, and checks each.
+    fn take_reads(&mut self, n: usize) -> Check {
+        if n == 0 || self.reads.pending.is_empty() {
+            return self.check_outstanding();
+        }
+        let mut taken = Vec::new();
+        let mut idle = 0;
+        while taken.len() < n && self.reads.q.outstanding() > 0 {
+            self.reads.q.poll();
+            if let Some(d) = self.reads.q.take() {
+                taken.push(d.token);
+                let r = self.check_taken(&d);
+                self.reads.q.recycle(d);
+                r?;
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle > 1000 {
+                return fail(format!(
+                    "read queue: {} reads outstanding ({} tokens pending) but none comes out",
+                    self.reads.q.outstanding(),
+                    self.reads.pending.len()
+                ));
+            }
+            self.reads
+                .q
+                .wait(None)
+                .map_err(|e| format!("read queue: wait: {e}"))?;
+        }
+        if !taken.is_empty() {
+            let list: Vec<String> = taken.iter().map(|t| format!("t{t}")).collect();
+            self.note(format!("  -> took {}", list.join(" ")));
+        }
+        if n == usize::MAX && !self.reads.pending.is_empty() {
+            let left: Vec<&u64> = self.reads.pending.keys().collect();
+            return fail(format!(
+                "read queue: drained, but tokens {left:?} never came back"
+            ));
+        }
+        self.check_outstanding()
+    }
+
+    /// Checks a taken read: a token started and not taken before, no error (the
+    /// synchronous read op accepts none either), and the model's contents from its start.
+    fn check_taken(&mut self, d: &ReadDone) -> Check {
+        let now = self.tally.ops.saturating_sub(1);
+        let Some(r) = self.reads.pending.remove(&d.token) else {
+            return fail(format!(
+                "read queue, at op #{now}: token {} came back but was not outstanding (taken \
+                 twice or never started)",
+                d.token
+            ));
+        };
+        let what = format!(
+            "queued read t{} {} [{}, +{}) (started at op #{}, taken at op #{now})",
+            d.token, r.vol, r.offset, r.len, r.op
+        );
+        if let Err(e) = &d.result {
+            return fail(format!("{what}: {e}"));
+        }
+        let b = d.data();
+        if b.len() as u64 != r.len {
+            return fail(format!("{what}: {} bytes came back", b.len()));
+        }
+        if b != &r.want[..] {
+            let first = b.iter().zip(&r.want).position(|(a, b)| a != b).unwrap();
+            let at = r.offset + first as u64;
+            return fail(format!(
+                "{what} differs from the model at its start at byte {at} (block {})",
+                at / B
+            ));
+        }
+        self.tally.reads_checked += 1;
+        Ok(())
+    }
+
+    /// The queue counts as outstanding exactly the reads started and not taken.
+    fn check_outstanding(&self) -> Check {
+        let (q, p) = (self.reads.q.outstanding(), self.reads.pending.len());
+        if q != p {
+            return fail(format!(
+                "read queue: {q} reads outstanding, {p} started and not taken"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a note to the current op's trace line (and prints it in verbose mode).
+    fn note(&mut self, s: String) {
+        if self.verbose {
+            eprintln!("{s}");
+        }
+        if let Some(l) = self.trace.last_mut() {
+            l.push_str(&s);
+        }
+    }
+
     fn describe(&self) -> String {
         format!(
             "{}+{} on {} drives of {} MiB, chunk {} KiB, segment {} KiB, checkpoint every {} MiB, \
@@ -1602,6 +1840,7 @@ impl World {
     }
 
     fn run(&mut self, ops: usize, verbose: bool) -> Check {
+        self.verbose = verbose;
         let drives: Vec<DriveRef> = self.wrap();
         let pool = Pool::create(drives, &self.cfg).map_err(|e| format!("create: {e}"))?;
         pool.set_gc_policy(self.policy);
@@ -1626,8 +1865,10 @@ impl World {
             self.trace.push(line);
             self.tally.ops += 1;
             self.apply(&op)?;
+            self.reads_after_op()?;
         }
-        // End of the run: a last crash and a full check.
+        // End of the run: every queued read taken, a last crash and a full check.
+        self.take_reads(usize::MAX)?;
         self.crash(self.seed ^ 0xC0FFEE, 50, 10, true)?;
         drop(self.take_pool());
         for s in &self.switches {
@@ -1827,6 +2068,7 @@ impl Tally {
         self.strangers_stale += o.strangers_stale;
         self.renamed_opens += o.renamed_opens;
         self.read_only_ends += o.read_only_ends;
+        self.queued_reads += o.queued_reads;
     }
 }
 
@@ -1895,7 +2137,8 @@ fn deterministic_simulation() {
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
          k + m + 3 drives); {} replaces ({} skipped), {} re-admissions; not members presented and set aside: {} foreign, {} blank, {} stale \
-         copies; {} opens under random names; {} strict seeds ended read-only by design; {} failed",
+         copies; {} opens under random names; {} strict seeds ended read-only by design; {} reads \
+         through a read queue (io_uring {}); {} failed",
         t.seeds,
         t.small_seeds,
         t0.elapsed().as_secs_f64(),
@@ -1947,6 +2190,12 @@ fn deterministic_simulation() {
         t.strangers_stale,
         t.renamed_opens,
         t.read_only_ends,
+        t.queued_reads,
+        if ReadQueue::new().asynchronous() {
+            "on"
+        } else {
+            "off"
+        },
         failures.len()
     );
     assert!(
