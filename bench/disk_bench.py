@@ -234,7 +234,7 @@ def main():
         cmd = "python3 bench/disk_bench.py " + " ".join(
             f"--{k} {v}" for k, v in (("runtime", a.runtime), ("rounds", a.rounds)))
         section = (f"## Real disk (issue 16)\n\nCommand: `{cmd} --doc docs/PERFORMANCE.md`, "
-                   f"{time.strftime('%Y-%m-%d')}.\n\n{text}\n")
+                   f"{time.strftime('%Y-%m-%d')}.\n\n{text}\n\n")
         doc = open(a.doc).read() if os.path.exists(a.doc) else ""
         start = doc.find("## Real disk (issue 16)")
         if start >= 0:

@@ -1,0 +1,47 @@
+#!/bin/bash
+# A/B of two flashpool builds on the default file-drive pool (this machine's real disk):
+# random 4 KiB reads at iodepth 1 and 32 over NBD (fio's nbd engine), IOPS, mean latency
+# and server CPU per I/O, the two builds interleaved round by round so both see the same
+# machine (it is shared and noisy).
+#
+#   bench/ab_randread.sh OLD_BINARY NEW_BINARY [ROUNDS] [RUNTIME_S]
+#
+# Each round starts a fresh `flashpool serve --data DIR` per build, fills its 1 GiB default
+# volume with 1 MiB writes, then runs the two points.
+set -euo pipefail
+A=${1:?old flashpool binary}; B=${2:?new flashpool binary}
+ROUNDS=${3:-3}; RT=${4:-4}
+WORK=${WORK:-$(dirname "$0")/../target/ab-randread}
+mkdir -p "$WORK"
+point() { # label server-pid iodepth uri
+    local t0 t1 out
+    t0=$(awk '{print $14+$15}' "/proc/$2/stat")
+    out=$(fio --name=p --rw=randread --bs=4k --iodepth="$3" --ioengine=nbd --uri="$4" \
+        --size=1G --time_based --runtime="$RT" --output-format=json)
+    t1=$(awk '{print $14+$15}' "/proc/$2/stat")
+    python3 - "$1" "$3" $((t1 - t0)) "$(getconf CLK_TCK)" <<PY
+import json, sys
+t = '''$out'''
+j = json.loads(t[t.index('{'):])['jobs'][0]['read']
+label, qd, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+print(f"{label:4} qd{qd:<3} {j['iops']/1000:7.1f} K IOPS  mean {j['clat_ns']['mean']/1000:7.1f} us"
+      f"  server CPU/IO {ticks / hz * 1e6 / j['total_ios']:5.1f} us")
+PY
+}
+for r in $(seq "$ROUNDS"); do
+    for which in A B; do
+        bin=$A; [ "$which" = B ] && bin=$B
+        d="$WORK/$which"; rm -rf "$d"; mkdir -p "$d"
+        "$bin" serve --data "$d/data" --socket "$d/nbd.sock" --listen 127.0.0.1:0 > "$d/log" 2>&1 &
+        pid=$!
+        for _ in $(seq 100); do [ -S "$d/nbd.sock" ] && break; sleep 0.1; done
+        uri="nbd+unix:///default?socket=$d/nbd.sock"
+        fio --name=p --rw=write --bs=1M --iodepth=8 --ioengine=nbd --uri="$uri" --size=1G \
+            --output-format=terse > /dev/null
+        echo "round $r"
+        point "$which" "$pid" 1 "$uri"
+        point "$which" "$pid" 32 "$uri"
+        kill "$pid"; wait "$pid" 2>/dev/null || true
+        rm -rf "$d"
+    done
+done
