@@ -36,19 +36,6 @@ impl Drive for Counting {
     }
 }
 
-/// Bytes that do not compress (so every block is stored raw and aligned).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn counting(drives: Vec<DriveRef>) -> Vec<Arc<Counting>> {
     drives
         .into_iter()

@@ -29,19 +29,6 @@ fn uring_off_by_env() -> bool {
     std::env::var("FLASHPOOL_IO_URING").is_ok_and(|v| v == "off" || v == "0")
 }
 
-/// Bytes that do not compress (every block stored raw and aligned).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Bytes that compress to about a third (stored compressed, packed in the chunk).
 fn compressible(len: usize, seed: u64) -> Vec<u8> {
     let n = noise(len, seed);

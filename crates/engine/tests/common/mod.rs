@@ -68,3 +68,16 @@ pub fn block_for(stamp: u64) -> Vec<u8> {
     }
     b
 }
+
+/// Bytes that do not compress (so every block is stored raw and aligned), from `seed`.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
