@@ -260,7 +260,8 @@ impl ReadQueue {
     }
 
     /// Waits until a read completes or `fd` (if given) is readable or hung up; true when
-    /// `fd` is. Returns at once when a finished read is waiting to be taken, or when there is
+    /// `fd` may be: the poll stays armed across waits and can report bytes the caller read
+    /// meanwhile, so the caller reads `fd` without blocking. Returns at once when a finished read is waiting to be taken, or when there is
     /// nothing to wait for.
     pub fn wait(&mut self, fd: Option<RawFd>) -> io::Result<bool> {
         if !self.done.is_empty() {

@@ -250,7 +250,9 @@ pub trait ReadQueue: Send {
     /// Collects the reads finished so far, without waiting.
     fn poll(&mut self);
     /// Waits until a read finishes or `fd` (the connection's socket) is readable or hung up;
-    /// true when `fd` is. Returns at once when a finished read waits to be taken.
+    /// true when `fd` may be (a poll can report bytes another read took meanwhile: the
+    /// caller reads without blocking). Returns at once when a finished read waits to be
+    /// taken.
     fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool>;
     /// Passes the next finished read (token, data or error) to `f`; false when none.
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool;

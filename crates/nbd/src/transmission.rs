@@ -318,6 +318,37 @@ impl InBuf {
         }
     }
 
+    /// One non-blocking read of socket `fd` into the free space (after moving a partial
+    /// request to the front): `Ok(None)` when nothing is there, `Ok(Some(0))` at end of
+    /// stream.
+    fn fill_now(&mut self, fd: std::os::fd::RawFd) -> io::Result<Option<usize>> {
+        self.compact();
+        let room = &mut self.buf[self.end..];
+        if room.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "read buffer full",
+            ));
+        }
+        loop {
+            // SAFETY: `fd` is this connection's open socket (valid while its reader lives,
+            // which outlives the pump); recv writes at most `room.len()` bytes into `room`,
+            // memory we own exclusively here.
+            let n =
+                unsafe { libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                self.end += n as usize;
+                return Ok(Some(n as usize));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => return Ok(None),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// One `read` into the free space (after moving a partial request to
     /// the front). `Ok(0)`: end of stream.
     fn fill<R: Read>(&mut self, r: &mut R) -> io::Result<usize> {
@@ -597,10 +628,18 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             // Reads in progress: sleep until one finishes (answer it) or the client sends
             // more (read it), whichever comes first.
             if let Some(ar) = reads.as_deref_mut().filter(|ar| ar.in_progress() > 0) {
-                if !ar.wait(self.limits.socket_fd)? {
+                let Some(fd) = self.limits.socket_fd else {
+                    unreachable!("a read queue is set up only with the socket");
+                };
+                if !ar.wait(Some(fd))? {
                     continue;
                 }
-                if inb.fill(r)? == 0 {
+                // Readable, as far as the poll knew: it may have fired for bytes a blocking
+                // read already took, so this read must not block (reads are in flight).
+                let Some(n) = inb.fill_now(fd)? else {
+                    continue;
+                };
+                if n == 0 {
                     if inb.avail().is_empty() {
                         return Ok(());
                     }

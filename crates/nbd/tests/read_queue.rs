@@ -32,6 +32,9 @@ struct Rules {
     jitter_ms: u64,
     /// A read starting here fails with EIO.
     fail_at: Option<u64>,
+    /// Every other wait with reads pending says the socket is readable when it may not be
+    /// (as a poll that fired for bytes a read already took).
+    spurious: bool,
 }
 
 struct DelayExport {
@@ -73,6 +76,7 @@ impl Export for DelayExport {
             most: self.most.clone(),
             pending: Vec::new(),
             ready: VecDeque::new(),
+            waits: 0,
         }))
     }
 }
@@ -84,6 +88,7 @@ struct DelayQueue {
     /// (due, token, offset, len)
     pending: Vec<(Instant, u64, u64, usize)>,
     ready: VecDeque<(u64, u64, usize)>,
+    waits: u64,
 }
 
 impl DelayQueue {
@@ -118,6 +123,10 @@ impl ReadQueue for DelayQueue {
         self.poll();
         if !self.ready.is_empty() {
             return Ok(false);
+        }
+        self.waits += 1;
+        if self.rules.spurious && !self.pending.is_empty() && self.waits % 2 == 0 {
+            return Ok(true);
         }
         let timeout = match self.pending.first() {
             Some(p) => p.0.saturating_duration_since(Instant::now()).as_millis() as i32 + 1,
@@ -195,6 +204,7 @@ fn quick() -> Rules {
         slow: Duration::ZERO,
         jitter_ms: 0,
         fail_at: None,
+        spurious: false,
     }
 }
 
@@ -460,6 +470,39 @@ fn a_failed_read_is_answered_with_an_error_and_the_others_with_data() {
             assert_eq!(e, 0);
             let o = h as usize * 4096;
             assert_eq!(c.recv(4096), data[o..o + 4096]);
+        }
+    }
+    c.disc();
+    srv.stop();
+}
+
+#[test]
+fn a_wait_that_says_readable_for_nothing_does_not_block_the_connection() {
+    // The client sends all its reads and waits for every reply; the queue's wait claims the
+    // socket is readable when nothing is there. A blocking read of the socket then would
+    // wait for the client, which waits for us.
+    let rules = Rules {
+        jitter_ms: 15,
+        spurious: true,
+        ..quick()
+    };
+    let (srv, _) = server(rules, Config::default());
+    let mut c = srv.raw();
+    c.hello();
+    c.go("");
+    let data = pattern(1 << 20, 4);
+    assert_eq!(c.write(1, 0, &data), 0);
+    for round in 0..4u64 {
+        let mut reqs = Vec::new();
+        for h in 0..16u64 {
+            reqs.extend(read_req(100 * round + h, h * 65536, 4096));
+        }
+        c.send(&reqs);
+        for _ in 0..16 {
+            let (e, h) = c.simple();
+            assert_eq!(e, 0);
+            let o = ((h % 100) * 65536) as usize;
+            assert_eq!(c.recv(4096), data[o..o + 4096], "round {round} reply {h}");
         }
     }
     c.disc();
