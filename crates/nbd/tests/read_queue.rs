@@ -125,7 +125,7 @@ impl ReadQueue for DelayQueue {
             return Ok(false);
         }
         self.waits += 1;
-        if self.rules.spurious && !self.pending.is_empty() && self.waits % 2 == 0 {
+        if self.rules.spurious && !self.pending.is_empty() && self.waits.is_multiple_of(2) {
             return Ok(true);
         }
         let timeout = match self.pending.first() {
