@@ -222,8 +222,7 @@ pub fn serve<R: Read + Send, W: Write + Send>(
     let mut reads = conn
         .limits
         .socket_fd
-        .and_then(|_| session.export.read_queue())
-        .map(AsyncReads::new);
+        .and_then(|fd| Some(AsyncReads::new(session.export.read_queue()?, fd)));
     std::thread::scope(|scope| {
         let mut batch = Vec::new();
         if let Err(e) = conn.pump(scope, &mut r, &mut inb, &mut batch, reads.as_mut()) {
@@ -414,6 +413,17 @@ fn write_batch<W: Write>(w: &mut W, batch: &[Reply]) -> io::Result<()> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The client closed its side: fine between requests, a protocol violation within one.
+fn end_of_stream(inb: &InBuf) -> io::Result<()> {
+    if inb.avail().is_empty() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "client left mid-request",
+    ))
 }
 
 /// Whether a request may block for long (an `fdatasync` on file drives):
@@ -628,27 +638,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             // Reads in progress: sleep until one finishes (answer it) or the client sends
             // more (read it), whichever comes first.
             if let Some(ar) = reads.as_deref_mut().filter(|ar| ar.in_progress() > 0) {
-                let Some(fd) = self.limits.socket_fd else {
-                    unreachable!("a read queue is set up only with the socket");
-                };
-                if !ar.wait(Some(fd))? {
+                if !ar.wait_or_socket()? {
                     continue;
                 }
                 // Readable, as far as the poll knew: it may have fired for bytes a blocking
                 // read already took, so this read must not block (reads are in flight).
-                let Some(n) = inb.fill_now(fd)? else {
-                    continue;
-                };
-                if n == 0 {
-                    if inb.avail().is_empty() {
-                        return Ok(());
-                    }
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "client left mid-request",
-                    ));
+                match inb.fill_now(ar.socket())? {
+                    Some(0) => return end_of_stream(inb),
+                    _ => continue,
                 }
-                continue;
             }
             let wait = if inb.avail().is_empty() {
                 Wait::BetweenRequests
@@ -683,13 +681,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 }
             }
             if n == 0 {
-                if inb.avail().is_empty() {
-                    return Ok(());
-                }
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "client left mid-request",
-                ));
+                return end_of_stream(inb);
             }
         }
     }
@@ -768,7 +760,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 return got;
             }
             self.submit_reads(ar);
-            if let Err(e) = ar.wait(None) {
+            if let Err(e) = ar.wait() {
                 tracing::debug!("read queue wait failed: {e}");
                 break;
             }

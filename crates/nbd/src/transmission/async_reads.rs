@@ -28,6 +28,8 @@ struct InFlightRead {
 /// A connection's reads in progress on its read queue.
 pub(super) struct AsyncReads {
     q: Box<dyn ReadQueue>,
+    /// The connection's socket (or the plain end of its TLS pump), waited on with the reads.
+    socket: std::os::fd::RawFd,
     /// By request serial.
     reads: HashMap<u64, InFlightRead>,
     /// Queue token -> (request serial, part of its reply).
@@ -39,9 +41,10 @@ pub(super) struct AsyncReads {
 }
 
 impl AsyncReads {
-    pub(super) fn new(q: Box<dyn ReadQueue>) -> Self {
+    pub(super) fn new(q: Box<dyn ReadQueue>, socket: std::os::fd::RawFd) -> Self {
         AsyncReads {
             q,
+            socket,
             reads: HashMap::new(),
             parts: HashMap::new(),
             next_serial: 0,
@@ -55,10 +58,22 @@ impl AsyncReads {
         self.reads.len()
     }
 
-    /// Waits for a read to finish or the socket `fd` to be readable (true).
-    pub(super) fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> io::Result<bool> {
+    /// The connection's socket.
+    pub(super) fn socket(&self) -> std::os::fd::RawFd {
+        self.socket
+    }
+
+    /// Waits for a read to finish.
+    pub(super) fn wait(&mut self) -> io::Result<()> {
         self.unsubmitted = false;
-        self.q.wait(fd)
+        self.q.wait(None).map(|_| ())
+    }
+
+    /// Waits for a read to finish or the socket to be readable (true: read it without
+    /// blocking, as the poll may have fired for bytes already taken).
+    pub(super) fn wait_or_socket(&mut self) -> io::Result<bool> {
+        self.unsubmitted = false;
+        self.q.wait(Some(self.socket))
     }
 }
 
@@ -71,7 +86,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 >= self.limits.max_in_flight
         {
             self.send(batch);
-            if let Err(e) = ar.wait(None) {
+            if let Err(e) = ar.wait() {
                 tracing::debug!("read queue wait failed: {e}");
                 break;
             }
@@ -171,7 +186,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 break;
             }
             self.send(batch);
-            if let Err(e) = ar.wait(None) {
+            if let Err(e) = ar.wait() {
                 tracing::debug!("read queue wait failed with reads in flight: {e}");
                 return;
             }
