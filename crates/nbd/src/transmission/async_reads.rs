@@ -7,7 +7,7 @@
 //!
 //! A READ keeps the budget bytes of its reply from the moment it is parsed, as inline and
 //! helper reads do, and counts against `max_in_flight` until answered; the connection
-//! answers every read it started before it returns (`drain`).
+//! answers every read it started before it returns (`drain_reads`).
 
 use super::*;
 use crate::export::ReadQueue;
