@@ -32,8 +32,12 @@ impl Export for VolumeExport {
         self.0.write_may_wait(len)
     }
     fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        // Asked once per connection: no ring is set up for pools that would not use it.
+        if !self.0.reads_suit_a_queue() {
+            return None;
+        }
         let q = ReadQueue::new();
-        (q.asynchronous() && self.0.reads_suit_a_queue()).then(|| {
+        q.asynchronous().then(|| {
             Box::new(VolumeReads {
                 vol: self.0.clone(),
                 q,
@@ -91,16 +95,11 @@ impl flashpool_nbd::ReadQueue for VolumeReads {
         self.q.wait(fd)
     }
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
-        let Some(d) = self.q.take() else {
+        let Some(mut d) = self.q.take() else {
             return false;
         };
-        match &d.result {
-            Ok(()) => f(d.token, Ok(d.data())),
-            Err(e) => f(
-                d.token,
-                Err(ExportError::from_errno(e.errno(), e.to_string())),
-            ),
-        }
+        let result = std::mem::replace(&mut d.result, Ok(()));
+        f(d.token, result.map(|()| d.data()).map_err(err));
         self.q.recycle(d);
         true
     }

@@ -759,13 +759,9 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             if let Some(got) = self.budget.try_acquire(n) {
                 return got;
             }
-            self.submit_reads(ar);
-            if let Err(e) = ar.wait() {
-                tracing::debug!("read queue wait failed: {e}");
+            if !self.await_reads(ar, batch) {
                 break;
             }
-            self.finish_reads(ar, batch);
-            self.send(batch);
         }
         self.budget.acquire(n)
     }

@@ -85,12 +85,9 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             && ar.in_progress() + batch.len() + lock(&self.helpers).outstanding
                 >= self.limits.max_in_flight
         {
-            self.send(batch);
-            if let Err(e) = ar.wait() {
-                tracing::debug!("read queue wait failed: {e}");
+            if !self.await_reads(ar, batch) {
                 break;
             }
-            self.finish_reads(ar, batch);
         }
         let held = self.take_budget(reply_charge(&req), batch, Some(ar));
         if let Err(reply) = self.check_read(&req) {
@@ -177,19 +174,24 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }
     }
 
+    /// Sends the replies queued, waits for a read to finish, and sends the replies of those
+    /// finished: how the thread waits for room (in flight, budget) or for the end, since only
+    /// it answers its reads. False when the wait failed.
+    pub(super) fn await_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) -> bool {
+        self.send(batch);
+        if let Err(e) = ar.wait() {
+            tracing::debug!("read queue wait failed with reads in flight: {e}");
+            return false;
+        }
+        self.finish_reads(ar, batch);
+        self.send(batch);
+        true
+    }
+
     /// Answers every read still in progress (the connection is ending).
     pub(super) fn drain_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
         self.submit_reads(ar);
-        while ar.in_progress() > 0 {
-            self.finish_reads(ar, batch);
-            if ar.in_progress() == 0 {
-                break;
-            }
-            self.send(batch);
-            if let Err(e) = ar.wait() {
-                tracing::debug!("read queue wait failed with reads in flight: {e}");
-                return;
-            }
-        }
+        self.finish_reads(ar, batch);
+        while ar.in_progress() > 0 && self.await_reads(ar, batch) {}
     }
 }
