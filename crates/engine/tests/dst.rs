@@ -1013,13 +1013,17 @@ impl World {
         Ok(())
     }
 
-    fn pick_vol(&mut self) -> Option<(String, u64)> {
-        let live: Vec<(String, u64)> = self
-            .vols
+    /// The volumes with a size, and their sizes.
+    fn live_vols(&self) -> Vec<(String, u64)> {
+        self.vols
             .iter()
             .filter(|(_, v)| v.size > 0)
             .map(|(n, v)| (n.clone(), v.size))
-            .collect();
+            .collect()
+    }
+
+    fn pick_vol(&mut self) -> Option<(String, u64)> {
+        let live = self.live_vols();
         if live.is_empty() {
             return None;
         }
@@ -1664,12 +1668,7 @@ impl World {
     /// random ranges of live volumes started at the same moment (see [`Reads`]).
     fn queue_reads(&mut self, vol: &str, offset: u64, len: u64) -> Check {
         let mut reads = vec![(vol.to_string(), offset, len)];
-        let live: Vec<(String, u64)> = self
-            .vols
-            .iter()
-            .filter(|(_, v)| v.size > 0)
-            .map(|(n, v)| (n.clone(), v.size))
-            .collect();
+        let live = self.live_vols();
         for _ in 0..self.reads.rng.random_range(0..=3) {
             let (name, size) = &live[self.reads.rng.random_range(0..live.len())];
             let (o, l) = range_in(&mut self.reads.rng, *size, false);
