@@ -98,9 +98,14 @@ impl flashpool_nbd::ReadQueue for VolumeReads {
         let Some(mut d) = self.q.take() else {
             return false;
         };
-        let result = std::mem::replace(&mut d.result, Ok(()));
-        f(d.token, result.map(|()| d.data()).map_err(err));
-        self.q.recycle(d);
+        let token = d.token;
+        match std::mem::replace(&mut d.result, Ok(())) {
+            Ok(()) => f(token, Ok(Box::new(self.q.into_data(d)))),
+            Err(e) => {
+                self.q.recycle(d);
+                f(token, Err(err(e)));
+            }
+        }
         true
     }
     fn outstanding(&self) -> usize {

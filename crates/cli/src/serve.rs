@@ -120,6 +120,10 @@ pub struct ServeArgs {
     /// fill the pool to the last segment (off).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub rebuild_reserve: String,
+    /// Threads that write sealed stripes to file and block-device drives (memory drives
+    /// take none), so host writes go on filling stripes while the drives work.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub stripe_writers: u64,
     /// Hours between background scrubs (every stripe read and checked, damage repaired);
     /// 0 turns the background scrub off (`flashpool scrub` still works).
     #[arg(long, default_value_t = 168)]
@@ -400,11 +404,11 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         "pool ready"
     );
     dd.pool.set_rebuild_reserve(a.rebuild_reserve == "on");
-    // Sealed stripes are written by two threads of their own, so host writes go on while
+    // Sealed stripes are written by threads of their own, so host writes go on while
     // the drives work (engine `stripe_writer.rs`); memory drives complete at once, and there
     // the hand-off would cost more than the write.
     if !dd.pool.drives_complete_inline() {
-        dd.pool.start_stripe_writers(2)?;
+        dd.pool.start_stripe_writers(a.stripe_writers as usize)?;
     }
     let dd_dir = dd.dir.clone();
     let pool = Arc::new(dd.pool);

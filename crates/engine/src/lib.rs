@@ -49,7 +49,7 @@ pub use pool::{
     DriveFailure, DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo,
     MAX_STRIPE_BUFFERS,
 };
-pub use read_queue::{ReadDone, ReadQueue};
+pub use read_queue::{ReadData, ReadDone, ReadQueue};
 pub use rebuild::RebuildStatus;
 pub use recovery::read_superblock;
 pub use scrub::ScrubReport;

@@ -21,7 +21,9 @@
 //! Buffers are 4 KiB-aligned (O_DIRECT reads land in them directly) and owned by the queue
 //! until their read is taken; a drive's handle is held while a read of it is in flight, so
 //! its file stays open even if the drive is removed meanwhile. Dropping the queue waits for
-//! every read in the ring.
+//! every read in the ring. A taken read's buffer can leave the queue as [`ReadData`] (a
+//! front-end sends it from there, no copy) and comes back to the queue's spares when dropped,
+//! on whatever thread, so large reads neither allocate nor zero a buffer each.
 
 use crate::aligned::AlignedBuf;
 use crate::drive::{check_io, DriveRef};
@@ -31,9 +33,11 @@ use crate::read::ReadPlan;
 use crate::stats::Stats;
 use crate::volume::Volume;
 use io_uring::{opcode, types, IoUring};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::{Arc, Weak};
 
 /// Submission queue entries of a queue's ring (the completion queue is twice that; the
 /// kernel keeps overflowing completions, so a burst of more reads only waits).
@@ -43,9 +47,38 @@ const RING_ENTRIES: u32 = 256;
 const POLL_TAG: u64 = 1 << 63;
 /// User data of the removal of a poll of another descriptor (its completion is ignored).
 const REMOVE_TAG: u64 = u64::MAX;
-/// Buffers kept for reuse ([`ReadQueue::recycle`]), and the largest kept.
+/// Buffers kept for reuse ([`ReadQueue::recycle`], [`ReadData`]'s drop): at most this many,
+/// of at most this many bytes together, none larger than the last (a queue's idle memory).
 const SPARE_BUFFERS: usize = 64;
-const SPARE_MAX_LEN: usize = 128 << 10;
+const SPARE_BYTES: usize = 8 << 20;
+const SPARE_MAX_LEN: usize = 4 << 20;
+
+/// Buffers of taken reads, for the next ones (no allocation nor zeroing per read); shared
+/// with the [`ReadData`] out of the queue, which give theirs back when dropped.
+#[derive(Default)]
+struct Spare {
+    bufs: Vec<AlignedBuf>,
+    bytes: usize,
+}
+
+impl Spare {
+    fn put(&mut self, buf: AlignedBuf) {
+        let len = buf.len();
+        if len <= SPARE_MAX_LEN
+            && self.bufs.len() < SPARE_BUFFERS
+            && self.bytes + len <= SPARE_BYTES
+        {
+            self.bytes += len;
+            self.bufs.push(buf);
+        }
+    }
+
+    fn take(&mut self, len: usize) -> Option<AlignedBuf> {
+        let i = self.bufs.iter().rposition(|b| b.len() == len)?;
+        self.bytes -= len;
+        Some(self.bufs.swap_remove(i))
+    }
+}
 
 /// A finished read.
 pub struct ReadDone {
@@ -60,6 +93,36 @@ impl ReadDone {
     /// The bytes read (meaningful when `result` is Ok).
     pub fn data(&self) -> &[u8] {
         &self.buf[..self.len]
+    }
+}
+
+/// A taken read's bytes, out of the queue: its buffer goes back to the queue's spares when
+/// this is dropped (on any thread; dropped after the queue, it is freed).
+pub struct ReadData {
+    buf: AlignedBuf,
+    len: usize,
+    home: Weak<Mutex<Spare>>,
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl AsRef<[u8]> for ReadData {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for ReadData {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.upgrade() {
+            home.lock()
+                .put(std::mem::replace(&mut self.buf, AlignedBuf::zeroed(0)));
+        }
     }
 }
 
@@ -94,8 +157,8 @@ pub struct ReadQueue {
     poll_gen: u64,
     /// Test hook: reads that completed inside `start`, kept back (see `hold_inline`).
     held: Option<(u64, Vec<ReadDone>)>,
-    /// Buffers of taken reads, for the next ones (no allocation nor zeroing per read).
-    spare: Vec<AlignedBuf>,
+    /// Buffers of taken reads, for the next ones.
+    spare: Arc<Mutex<Spare>>,
     /// Completions reaped, reused between reaps.
     cqes: Vec<(u64, i32)>,
 }
@@ -131,7 +194,7 @@ impl ReadQueue {
             poll_fd: None,
             poll_gen: 0,
             held: None,
-            spare: Vec::new(),
+            spare: Arc::default(),
             cqes: Vec::new(),
         }
     }
@@ -320,8 +383,21 @@ impl ReadQueue {
 
     /// Gives a taken read's buffer back for the next reads to use.
     pub fn recycle(&mut self, d: ReadDone) {
-        if d.buf.len() <= SPARE_MAX_LEN && self.spare.len() < SPARE_BUFFERS {
-            self.spare.push(d.buf);
+        self.spare.lock().put(d.buf);
+    }
+
+    /// Bytes of the buffers kept for the next reads (the queue's idle memory, at most 8 MiB).
+    pub fn spare_bytes(&self) -> usize {
+        self.spare.lock().bytes
+    }
+
+    /// A taken read's bytes, to keep beyond the queue's calls (sent from where they are);
+    /// the buffer comes back to this queue when the [`ReadData`] is dropped.
+    pub fn into_data(&self, d: ReadDone) -> ReadData {
+        ReadData {
+            buf: d.buf,
+            len: d.len,
+            home: Arc::downgrade(&self.spare),
         }
     }
 
@@ -329,10 +405,8 @@ impl ReadQueue {
     /// whatever an earlier read left: every byte is written before the read is handed out
     /// (by a drive read, or by the one-block way for the blocks the plan left).
     fn buffer(&mut self, len: usize) -> AlignedBuf {
-        match self.spare.iter().rposition(|b| b.len() == len) {
-            Some(i) => self.spare.swap_remove(i),
-            None => AlignedBuf::zeroed(len),
-        }
+        let spare = self.spare.lock().take(len);
+        spare.unwrap_or_else(|| AlignedBuf::zeroed(len))
     }
 
     /// Pushes one read entry, submitting first when the submission queue is full; false

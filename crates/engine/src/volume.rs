@@ -240,12 +240,15 @@ impl Volume {
             let (lba, at) = (pos / B, (pos % B) as usize);
             let n = (BLOCK - at).min(data.len() - done);
             if at == 0 && n == BLOCK {
+                // Every whole block from here on, in one go (kept together in the log).
+                let whole = (data.len() - done) / BLOCK * BLOCK;
                 self.pool
-                    .write_block(&self.vol, lba, &data[done..done + BLOCK], B)?;
+                    .write_blocks(&self.vol, lba, &data[done..done + whole])?;
+                done += whole;
             } else {
                 self.merge_block(lba, at, &data[done..done + n])?;
+                done += n;
             }
-            done += n;
         }
         Ok(())
     }

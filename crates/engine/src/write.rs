@@ -10,12 +10,18 @@ use crate::compress::{Compression, Outcome};
 use crate::drive::{batch, BatchItem, DriveRef};
 use crate::error::{Error, Result};
 use crate::format::header::{Record, StripeKind};
+use crate::format::BLOCK;
 use crate::layout::{SegmentTable, Stream};
 use crate::map::{Entry, SEQ_MASK};
 use crate::pool::{Inner, VolumeState, WriterState};
 use crate::stats::Stats;
 use crate::stripe::{OpenStripe, SealedStripe, StripeBuf};
 use crate::volume::VolumeInfo;
+
+/// Blocks of one write appended under one hold of the writer lock (`Inner::write_blocks`):
+/// 256 KiB, two default chunks, so a request's blocks lie in runs a chunk long at least,
+/// while another writer waits for the lock at most that long.
+pub(crate) const WRITE_GROUP: usize = 64;
 use parking_lot::RwLock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -371,6 +377,91 @@ impl Inner {
         vol.logical_written.add(data.len() as u64);
         vol.stored_written.add(stored.len() as u64);
         Stats::add(&self.stats.host_write_bytes, host_bytes);
+        Ok(())
+    }
+
+    /// Appends whole blocks `data` of a volume from `lba` on, in groups of up to
+    /// [`WRITE_GROUP`] blocks appended under one hold of the writer lock, so the blocks of
+    /// one request lie one after another in the log even while other writers append: a
+    /// later read of them is a few long drive reads, not one per block. Compression and
+    /// checksums are computed before the lock is taken. Near the live-data limit every
+    /// block is checked and appended on its own, exactly as `write_block` does.
+    pub(crate) fn write_blocks(&self, vol: &VolumeState, lba: u64, data: &[u8]) -> Result<()> {
+        debug_assert!(data.len().is_multiple_of(BLOCK));
+        let blocks = data.len() / BLOCK;
+        let mut first = 0usize;
+        // Per block of a group: compressed bytes (None: stored raw), flags, CRC.
+        let mut group: Vec<(Option<Vec<u8>>, u8, u32)> = Vec::new();
+        while first < blocks {
+            let n = if self.near_limit.load(Ordering::Relaxed) {
+                1
+            } else {
+                WRITE_GROUP.min(blocks - first)
+            };
+            let raw = |i: usize| &data[(first + i) * BLOCK..(first + i + 1) * BLOCK];
+            group.clear();
+            let (mut stored_bytes, mut compressed) = (0u64, 0u64);
+            for i in 0..n {
+                self.check_live_limit(vol, lba + (first + i) as u64)?;
+                let mut scratch = Vec::new();
+                let (bytes, flags) = match vol.compressor.compress(raw(i), &mut scratch) {
+                    Outcome::Compressed(len) => {
+                        scratch.truncate(len);
+                        compressed += 1;
+                        (Some(scratch), 1)
+                    }
+                    Outcome::Incompressible => {
+                        Stats::add(&self.stats.incompressible_blocks, 1);
+                        (None, 0)
+                    }
+                    Outcome::Skipped => {
+                        if vol.compressor.setting() != Compression::Off {
+                            Stats::add(&self.stats.compression_skipped_blocks, 1);
+                        }
+                        (None, 0)
+                    }
+                };
+                let stored = bytes.as_deref().unwrap_or(raw(i));
+                stored_bytes += stored.len() as u64;
+                let crc = crate::crc::checksum(stored);
+                group.push((bytes, flags, crc));
+            }
+            let mut next = 0usize;
+            self.logged(|open| {
+                if vol.deleted.load(Ordering::Relaxed) {
+                    return Err(Error::NotFound(format!(
+                        "volume {:?} was deleted",
+                        vol.name
+                    )));
+                }
+                while next < n {
+                    let (bytes, flags, crc) = &group[next];
+                    let stored = bytes.as_deref().unwrap_or(raw(next));
+                    let at = lba + (first + next) as u64;
+                    if self
+                        .append_mapped(open, vol, at, stored, *crc, *flags, None)
+                        .is_none()
+                    {
+                        return Ok(None); // sealed; the rest goes to the next stripe
+                    }
+                    next += 1;
+                }
+                Ok(Some(()))
+            })?;
+            if compressed > 0 {
+                Stats::add(&self.stats.compressed_blocks, compressed);
+                let c: u64 = group
+                    .iter()
+                    .filter_map(|g| g.0.as_ref())
+                    .map(|b| b.len() as u64)
+                    .sum();
+                Stats::add(&self.stats.compressed_stored_bytes, c);
+            }
+            vol.logical_written.add((n * BLOCK) as u64);
+            vol.stored_written.add(stored_bytes);
+            Stats::add(&self.stats.host_write_bytes, (n * BLOCK) as u64);
+            first += n;
+        }
         Ok(())
     }
 

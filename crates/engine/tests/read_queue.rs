@@ -946,6 +946,19 @@ fn blocks_overwritten_under_reads_in_flight_are_old_or_new() {
 /// read left in them: a read of unmapped, trimmed, buffered (not yet on the drives) or
 /// compressed blocks, or of blocks on a failed drive, in such a buffer returns the volume's
 /// bytes, none of the earlier read's.
+/// Gives a taken read's buffer back the ways a front-end does: `recycle`, or out of the queue
+/// as `ReadData` dropped here or on another thread (a reply written by another thread).
+fn give_back(q: &mut ReadQueue, d: ReadDone, how: u64) {
+    match how % 3 {
+        0 => q.recycle(d),
+        1 => drop(q.into_data(d)),
+        _ => {
+            let data = q.into_data(d);
+            std::thread::spawn(move || drop(data)).join().unwrap();
+        }
+    }
+}
+
 #[test]
 fn recycled_buffers_never_show_an_earlier_reads_bytes() {
     let seed = test_seed("read_queue recycle", 0x2ec7);
@@ -966,7 +979,7 @@ fn recycled_buffers_never_show_an_earlier_reads_bytes() {
     m_lz.resize(2 << 20, 0);
     pool.flush().unwrap();
     let mut q = ReadQueue::new();
-    let sizes = [4096usize, 8192, 64 << 10, 128 << 10];
+    let sizes = [4096usize, 8192, 64 << 10, 128 << 10, 1 << 20];
     let (mut reused, mut checked) = (0u64, 0u64);
     let mut token = 0u64;
     for round in 0..8u64 {
@@ -983,7 +996,8 @@ fn recycled_buffers_never_show_an_earlier_reads_bytes() {
         for d in drain(&mut q, &ctx) {
             assert!(d.result.is_ok(), "{ctx}: {:?}", d.result);
             recycled.insert(d.data().as_ptr() as usize);
-            q.recycle(d);
+            give_back(&mut q, d, token ^ round);
+            token += 1;
         }
         // Holes punched into the noise, blocks left in the open stripe, a drive out.
         for _ in 0..4 {
@@ -1039,14 +1053,53 @@ fn recycled_buffers_never_show_an_earlier_reads_bytes() {
             if recycled.contains(&(d.data().as_ptr() as usize)) {
                 reused += 1;
             }
-            q.recycle(d);
+            give_back(&mut q, d, checked);
         }
     }
-    eprintln!("seed {seed}: {checked} reads checked, {reused} in a recycled buffer");
-    assert!(
-        !q.asynchronous() || reused > 0,
-        "seed {seed}: no read got a recycled buffer"
+    // A 1 MiB read's data dropped on another thread serves the next read of its size (the
+    // spares are shared with the data out of the queue).
+    let mut q = ReadQueue::new();
+    q.start(&raw, token, 0, 1 << 20);
+    q.submit();
+    let d = drain(&mut q, &format!("seed {seed}: out")).pop().unwrap();
+    assert!(d.result.is_ok(), "seed {seed}: {:?}", d.result);
+    let at = d.data().as_ptr();
+    let data = q.into_data(d);
+    let before = q.spare_bytes();
+    std::thread::spawn(move || drop(data)).join().unwrap();
+    assert_eq!(
+        q.spare_bytes(),
+        before + (1 << 20),
+        "seed {seed}: not given back"
     );
+    q.start(&raw, token + 1, 1 << 20, 1 << 20);
+    q.submit();
+    let d = drain(&mut q, &format!("seed {seed}: back")).pop().unwrap();
+    assert!(d.result.is_ok(), "seed {seed}: {:?}", d.result);
+    assert_eq!(
+        q.spare_bytes(),
+        before,
+        "seed {seed}: the spare buffer not taken"
+    );
+    assert_eq!(d.data().as_ptr(), at, "seed {seed}: not the same buffer");
+    assert!(
+        d.data() == &m_raw[1 << 20..2 << 20],
+        "seed {seed}: {}",
+        diff(d.data(), &m_raw[1 << 20..2 << 20])
+    );
+    // A read's data outlives its queue (dropped after it: freed, not given back).
+    let kept = q.into_data(d);
+    q.start(&raw, token + 2, 0, 1 << 20);
+    q.submit();
+    drop(drain(&mut q, &format!("seed {seed}: last")));
+    drop(q);
+    assert!(
+        kept[..] == m_raw[1 << 20..2 << 20],
+        "seed {seed}: data kept beyond its queue"
+    );
+    drop(kept);
+    eprintln!("seed {seed}: {checked} reads checked, {reused} in a recycled buffer");
+    assert!(reused > 0, "seed {seed}: no read got a recycled buffer");
 }
 
 /// A `wait(Some(b))` after an earlier `wait(Some(a))` whose poll has not fired (a read

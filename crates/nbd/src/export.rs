@@ -234,8 +234,12 @@ pub trait Export: Send + Sync {
     }
 }
 
+/// A finished read's bytes, owned: the server sends them from where they are (no copy into
+/// the reply) and drops them once written, on whatever thread wrote them.
+pub type ReadData = Box<dyn AsRef<[u8]> + Send>;
+
 /// What [`ReadQueue::take`] hands a finished read to: its token, and its data or error.
-pub type ReadDone<'a> = dyn FnMut(u64, Result<&[u8], ExportError>) + 'a;
+pub type ReadDone<'a> = dyn FnMut(u64, Result<ReadData, ExportError>) + 'a;
 
 /// Reads one thread starts and completes itself, many in flight at once, completing in any
 /// order: how a connection thread keeps its client's queue depth of reads on the devices

@@ -36,7 +36,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use export::{
-    ErrorKind, Export, ExportError, ExportSet, Extent, ReadDone, ReadQueue, StaticExports,
+    ErrorKind, Export, ExportError, ExportSet, Extent, ReadData, ReadDone, ReadQueue, StaticExports,
 };
 pub use memory::MemExport;
 pub use server::{Server, ShutdownHandle};

@@ -37,7 +37,7 @@ use std::thread::Scope;
 use std::time::Instant;
 
 use crate::budget::Budget;
-use crate::export::ExportError;
+use crate::export::{ExportError, ReadData};
 use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::poll_policy::{PollPolicy, PollerSlots, Wait};
@@ -93,8 +93,49 @@ pub struct Limits {
     pub socket_fd: Option<std::os::fd::RawFd>,
 }
 
-/// A reply and the budget bytes it holds until written.
-type Reply = (Vec<u8>, u64);
+/// A reply and the budget bytes it holds until written: its bytes, with read data spliced
+/// in (a queued read's data is sent from the read queue's buffer, not copied into the reply):
+/// each `data` entry goes on the wire right after `bytes[..position]`, in order.
+struct Reply {
+    bytes: Vec<u8>,
+    data: Vec<(usize, ReadData)>,
+    held: u64,
+}
+
+impl Reply {
+    fn new(bytes: Vec<u8>, held: u64) -> Self {
+        Reply {
+            bytes,
+            data: Vec::new(),
+            held,
+        }
+    }
+
+    /// Bytes on the wire.
+    fn len(&self) -> usize {
+        self.bytes.len()
+            + self
+                .data
+                .iter()
+                .map(|d| (*d.1).as_ref().len())
+                .sum::<usize>()
+    }
+
+    /// Its pieces in wire order.
+    fn slices<'r>(&'r self, out: &mut Vec<IoSlice<'r>>) {
+        let mut at = 0;
+        for (pos, d) in &self.data {
+            if *pos > at {
+                out.push(IoSlice::new(&self.bytes[at..*pos]));
+                at = *pos;
+            }
+            out.push(IoSlice::new((**d).as_ref()));
+        }
+        if at < self.bytes.len() {
+            out.push(IoSlice::new(&self.bytes[at..]));
+        }
+    }
+}
 
 /// A READ's reply before its data is read: see `Conn::read_reply`.
 struct ReadReply {
@@ -103,12 +144,14 @@ struct ReadReply {
 }
 
 impl ReadReply {
-    /// Appends one `OFFSET_DATA` chunk whose data is still to be read (a part).
-    fn push_data_chunk(&mut self, to: ReplyTo, offset: u64, len: usize, done: bool) {
+    /// Appends one `OFFSET_DATA` chunk whose data is still to be read (a part): with
+    /// `room`, zeroes to read it into; without, the data goes on the wire at the part's
+    /// start from where it is read (`Reply::data`).
+    fn push_data_chunk(&mut self, to: ReplyTo, offset: u64, len: usize, done: bool, room: bool) {
         let start = self.out.len();
         let chunk = to.header_len();
         let hdr = chunk + 8;
-        self.out.resize(start + hdr + len, 0);
+        self.out.resize(start + hdr + if room { len } else { 0 }, 0);
         let flags = if done { REPLY_FLAG_DONE } else { 0 };
         let payload = (8 + len) as u64;
         wire::put_chunk_header(
@@ -394,18 +437,18 @@ fn check_sent_ahead(p: &mut PollPolicy, fd: std::os::fd::RawFd) {
 
 /// Write whole buffers with as few `writev` calls as possible.
 fn write_batch<W: Write>(w: &mut W, batch: &[Reply]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len().min(MAX_IOV));
-    for group in batch.chunks(MAX_IOV) {
-        slices.clear();
-        slices.extend(group.iter().map(|b| IoSlice::new(&b.0)));
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            match w.write_vectored(rest) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len());
+    for r in batch {
+        r.slices(&mut slices);
+    }
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = rest.len().min(MAX_IOV);
+        match w.write_vectored(&rest[..n]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(k) => IoSlice::advance_slices(&mut rest, k),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     w.flush()
@@ -573,7 +616,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         } else {
                             let reply = self.execute(&req, &payload);
                             drop(payload);
-                            batch.push((reply, held));
+                            batch.push(Reply::new(reply, held));
                         }
                     }
                     _ => {
@@ -739,7 +782,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         if want > held {
             held += self.take_budget(want - held, batch, reads);
         }
-        batch.push((reply, held));
+        batch.push(Reply::new(reply, held));
     }
 
     /// Take `n` budget bytes; if that has to wait, send our own queued replies first (they
@@ -840,7 +883,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             Job::One(job) => {
                 let reply = self.execute(&job.req, &job.payload);
                 drop(job.payload);
-                let mut one = vec![(reply, job.held)];
+                let mut one = vec![Reply::new(reply, job.held)];
                 self.send(&mut one);
             }
             Job::Reads(reads) => {
@@ -849,7 +892,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     .read_group(&reqs)
                     .into_iter()
                     .zip(reads)
-                    .map(|(reply, (_, held))| (reply, held))
+                    .map(|(reply, (_, held))| Reply::new(reply, held))
                     .collect();
                 self.send(&mut replies);
             }
@@ -864,7 +907,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     /// else is writing. False once the connection has failed.
     fn send(&self, batch: &mut Vec<Reply>) -> bool {
         if self.failed.load(Ordering::SeqCst) {
-            self.budget.release(batch.drain(..).map(|b| b.1).sum());
+            self.budget.release(batch.drain(..).map(|b| b.held).sum());
             return false;
         }
         lock(&self.pending).append(batch);
@@ -881,14 +924,14 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                     break;
                 }
                 let r = write_batch(&mut ws.w, &ws.spare);
-                self.budget.release(ws.spare.iter().map(|b| b.1).sum());
+                self.budget.release(ws.spare.iter().map(|b| b.held).sum());
                 ws.spare.clear();
                 if let Err(e) = r {
                     tracing::debug!("reply write failed, closing: {e}");
                     self.failed.store(true, Ordering::SeqCst);
                     (self.closer)(Shutdown::Both);
                     let rest = std::mem::take(&mut *lock(&self.pending));
-                    self.budget.release(rest.iter().map(|b| b.1).sum());
+                    self.budget.release(rest.iter().map(|b| b.held).sum());
                     return false;
                 }
             }
@@ -1051,14 +1094,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         r.unwrap_or_else(|e| e)
     }
 
-    /// A READ's reply with room for its data: the reply bytes (headers written, data zero)
-    /// and the parts still to read into it, as (export offset, range of the reply).
-    /// Simple replies are one part after the header; structured ones put holes in
-    /// `OFFSET_HOLE` chunks and data in `OFFSET_DATA` chunks (one with `NBD_CMD_FLAG_DF`).
-    fn read_reply(&self, req: &Request) -> ReadReply {
+    /// A READ's reply before its data is read: the reply bytes (headers written; with
+    /// `room`, zeroes where the data goes) and the parts still to read, as (export offset,
+    /// range of the reply the data fills; without room, its start is where the data is
+    /// spliced in). Simple replies are one part after the header; structured ones put holes
+    /// in `OFFSET_HOLE` chunks and data in `OFFSET_DATA` chunks (one with `NBD_CMD_FLAG_DF`).
+    fn read_reply(&self, req: &Request, room: bool) -> ReadReply {
         if !self.s.structured {
             const H: usize = wire::SIMPLE_REPLY_LEN;
-            let mut out = vec![0u8; H + req.len as usize];
+            let mut out = vec![0u8; H + if room { req.len as usize } else { 0 }];
             wire::put_simple_reply(&mut out[..H], 0, req.handle);
             return ReadReply {
                 out,
@@ -1089,14 +1133,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         if extents.len() == 1 && extents[0].2 {
             wire::push_hole_chunk(&mut r.out, to, req.offset, req.len as u32, true);
         } else if extents.len() == 1 || df {
-            r.out.reserve_exact(to.header_len() + 8 + req.len as usize);
-            r.push_data_chunk(to, req.offset, req.len as usize, true);
+            r.out
+                .reserve_exact(to.header_len() + 8 + if room { req.len as usize } else { 0 });
+            r.push_data_chunk(to, req.offset, req.len as usize, true, room);
         } else {
             for &(off, l, zero) in &extents {
                 if zero {
                     wire::push_hole_chunk(&mut r.out, to, off, l as u32, false);
                 } else {
-                    r.push_data_chunk(to, off, l as usize, false);
+                    r.push_data_chunk(to, off, l as usize, false, room);
                 }
             }
             wire::push_none_chunk(&mut r.out, to);
@@ -1106,7 +1151,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
 
     /// Runs one READ: its reply, or an error reply.
     fn read(&self, req: &Request) -> Vec<u8> {
-        let mut r = self.read_reply(req);
+        let mut r = self.read_reply(req, true);
         for (off, range) in &r.parts {
             if let Err(e) = self.s.export.read(*off, &mut r.out[range.clone()]) {
                 return self.error(req, e.kind.nbd_errno(), &e.message);
@@ -1122,7 +1167,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             .iter()
             .map(|req| {
                 self.check_read(req)?;
-                Ok(self.read_reply(req))
+                Ok(self.read_reply(req, true))
             })
             .collect();
         // Every part of every reply, as disjoint slices of the replies' buffers.

@@ -158,7 +158,7 @@ impl ReadQueue for DelayQueue {
         } else {
             let mut buf = vec![0u8; len];
             match self.disk.read(offset, &mut buf) {
-                Ok(()) => f(token, Ok(&buf)),
+                Ok(()) => f(token, Ok(Box::new(buf))),
                 Err(e) => f(token, Err(e)),
             }
         }

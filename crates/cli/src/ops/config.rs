@@ -48,6 +48,8 @@ pub struct FileConfig {
     pub busy_poll_us: Option<u64>,
     #[serde(default, deserialize_with = "on_off")]
     pub rebuild_reserve: Option<String>,
+    #[serde(default, deserialize_with = "stripe_writers")]
+    pub stripe_writers: Option<u64>,
     pub scrub_interval_hours: Option<u64>,
     #[serde(default, deserialize_with = "scrub_rate")]
     pub scrub_rate_mib: Option<u64>,
@@ -105,6 +107,10 @@ fn busy_poll<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 
 fn scrub_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     ranged(d, 1, 100_000)
+}
+
+fn stripe_writers<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    ranged(d, 1, 64)
 }
 
 fn per_peer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -289,6 +295,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(rebuild_delay);
     set!(busy_poll_us);
     set!(rebuild_reserve);
+    set!(stripe_writers);
     set!(scrub_interval_hours);
     set!(scrub_rate_mib);
     set!(handshake_timeout);

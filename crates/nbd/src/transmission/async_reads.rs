@@ -10,13 +10,16 @@
 //! answers every read it started before it returns (`drain_reads`).
 
 use super::*;
-use crate::export::ReadQueue;
+use crate::export::{ReadData, ReadQueue};
 use std::collections::HashMap;
 
 /// A READ whose data is being read.
 struct InFlightRead {
     req: Request,
+    /// Its headers, the data to be spliced in (`Conn::read_reply` without room).
     reply: ReadReply,
+    /// Per part, its data once read.
+    data: Vec<Option<ReadData>>,
     /// Parts of the reply still being read.
     left: usize,
     /// Budget bytes its reply holds.
@@ -94,7 +97,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             self.push_reply(batch, reply, held, Some(ar));
             return;
         }
-        let reply = self.read_reply(&req);
+        let reply = self.read_reply(&req, false);
         if reply.parts.is_empty() {
             self.push_reply(batch, reply.out, held, Some(ar));
             return;
@@ -114,6 +117,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             InFlightRead {
                 req,
                 reply,
+                data: (0..left).map(|_| None).collect(),
                 left,
                 held,
                 failed: None,
@@ -144,9 +148,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             let r = reads.get_mut(&serial).expect("a part of a read in flight");
             match res {
                 Ok(data) => {
-                    let range = r.reply.parts[part].1.clone();
-                    debug_assert_eq!(range.len(), data.len());
-                    r.reply.out[range].copy_from_slice(data);
+                    debug_assert_eq!(r.reply.parts[part].1.len(), (*data).as_ref().len());
+                    r.data[part] = Some(data);
                 }
                 Err(e) => {
                     r.failed.get_or_insert(e);
@@ -159,9 +162,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         }) {}
         for serial in complete {
             let r = reads.remove(&serial).expect("a read in flight");
-            let reply = match r.failed {
-                Some(e) => self.error(&r.req, e.kind.nbd_errno(), &e.message),
-                None => r.reply.out,
+            let mut reply = match r.failed {
+                Some(e) => Reply::new(self.error(&r.req, e.kind.nbd_errno(), &e.message), 0),
+                None => Reply {
+                    bytes: r.reply.out,
+                    data: (r.reply.parts.iter().zip(r.data))
+                        .map(|((_, range), d)| (range.start, d.expect("every part read")))
+                        .collect(),
+                    held: 0,
+                },
             };
             // Topped up only if the budget has room at once (a read's reply can outgrow its
             // charge by chunk headers): waiting here would wait for ourselves.
@@ -170,7 +179,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 .checked_sub(r.held)
                 .and_then(|more| self.budget.try_acquire(more))
                 .unwrap_or(0);
-            batch.push((reply, r.held + extra));
+            reply.held = r.held + extra;
+            batch.push(reply);
         }
     }
 
