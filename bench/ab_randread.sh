@@ -6,6 +6,9 @@
 #
 #   bench/ab_randread.sh OLD_BINARY NEW_BINARY [ROUNDS] [RUNTIME_S]
 #
+# POINTS="rw:bs:iodepth ..." picks other read points (default "randread:4k:1 randread:4k:32";
+# "read:1M:8" is the 1 MiB sequential read of what the fill wrote).
+#
 # Each round starts a fresh `flashpool serve --data DIR` per build, fills its 1 GiB default
 # volume with 1 MiB writes, then runs the two points.
 set -euo pipefail
@@ -13,18 +16,21 @@ A=${1:?old flashpool binary}; B=${2:?new flashpool binary}
 ROUNDS=${3:-3}; RT=${4:-4}
 WORK=${WORK:-$(dirname "$0")/../target/ab-randread}
 mkdir -p "$WORK"
-point() { # label server-pid iodepth uri
-    local t0 t1 out
+POINTS=${POINTS:-randread:4k:1 randread:4k:32}
+point() { # label server-pid rw:bs:iodepth uri
+    local t0 t1 out rw bs qd
+    IFS=: read -r rw bs qd <<<"$3"
     t0=$(awk '{print $14+$15}' "/proc/$2/stat")
-    out=$(fio --name=p --rw=randread --bs=4k --iodepth="$3" --ioengine=nbd --uri="$4" \
+    out=$(fio --name=p --rw="$rw" --bs="$bs" --iodepth="$qd" --ioengine=nbd --uri="$4" \
         --size=1G --time_based --runtime="$RT" --output-format=json)
     t1=$(awk '{print $14+$15}' "/proc/$2/stat")
     python3 - "$1" "$3" $((t1 - t0)) "$(getconf CLK_TCK)" <<PY
 import json, sys
 t = '''$out'''
 j = json.loads(t[t.index('{'):])['jobs'][0]['read']
-label, qd, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-print(f"{label:4} qd{qd:<3} {j['iops']/1000:7.1f} K IOPS  mean {j['clat_ns']['mean']/1000:7.1f} us"
+label, pt, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+print(f"{label:4} {pt:16} {j['iops']/1000:7.1f} K IOPS {j['bw']/1024:7.0f} MiB/s"
+      f"  mean {j['clat_ns']['mean']/1000:7.1f} us"
       f"  server CPU/IO {ticks / hz * 1e6 / j['total_ios']:5.1f} us")
 PY
 }
@@ -39,8 +45,9 @@ for r in $(seq "$ROUNDS"); do
         fio --name=p --rw=write --bs=1M --iodepth=8 --ioengine=nbd --uri="$uri" --size=1G \
             --output-format=terse > /dev/null
         echo "round $r"
-        point "$which" "$pid" 1 "$uri"
-        point "$which" "$pid" 32 "$uri"
+        for pt in $POINTS; do
+            point "$which" "$pid" "$pt" "$uri"
+        done
         kill "$pid"; wait "$pid" 2>/dev/null || true
         rm -rf "$d"
     done
