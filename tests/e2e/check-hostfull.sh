@@ -45,6 +45,6 @@ import json,sys
 p=json.load(sys.stdin)['pool']
 assert p['read_only'], p
 print('after kill -9 on the full filesystem: serving read-only:', p['read_only'])"
-"$FP" status --data "$DATA" | grep -q "^READ-ONLY" || die "status text does not say the pool is read-only"
+grep -q "^READ-ONLY" <<<"$("$FP" status --data "$DATA")" || die "status text does not say the pool is read-only"
 grep -q panicked "$WORK/server.log" && die "the server panicked"
 echo "full host filesystem: creation refused when allocated; sparse pool answers ENOSPC, fails no member, survives kill -9"

@@ -39,7 +39,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$API/status")
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer nope' \
     --data '{"name":"sneaky","size":"1M"}' "$API/volumes")
 [ "$code" = 401 ] || die "create with a wrong token answered $code"
-curl -s -i "$API/status" | grep -qi '^WWW-Authenticate: Bearer' || die "no WWW-Authenticate"
+grep -qi '^WWW-Authenticate: Bearer' <<<"$(curl -s -i "$API/status")" || die "no WWW-Authenticate"
 
 expect 200 GET /status
 echo "status: $(field 'v["protection"]["summary"]')"
@@ -49,7 +49,7 @@ echo "status: $(field 'v["protection"]["summary"]')"
 expect 201 POST /volumes '{"name":"e2e","size":"64M","compression":"lz4"}'
 expect 409 POST /volumes '{"name":"e2e","size":"64M"}'
 [ "$(nbdinfo --size "nbd://127.0.0.1:$PORT/e2e")" = $((64 << 20)) ] || die "nbdinfo size of e2e"
-nbdinfo --list "$URI_TCP" | grep -q 'export="e2e"' || die "e2e not listed"
+grep -q 'export="e2e"' <<<"$(nbdinfo --list "$URI_TCP")" || die "e2e not listed"
 head -c $((16 << 20)) /dev/urandom > "$WORK/in.bin"
 nbdcopy "$WORK/in.bin" "nbd://127.0.0.1:$PORT/e2e"
 nbdcopy "nbd://127.0.0.1:$PORT/e2e" "$WORK/out.bin"
@@ -88,7 +88,7 @@ expect 200 DELETE /volumes/e2e
 expect 404 GET /volumes/e2e
 if nbdinfo --size "nbd://127.0.0.1:$PORT/e2e" 2>/dev/null; then die "deleted volume still served"; fi
 if [ "$SERVER_KIND" != flashpool-mem ]; then
-    "$FLASHPOOL" status --data "$DATA" | grep -q 'volume default' || die "CLI status"
+    grep -q 'volume default' <<<"$("$FLASHPOOL" status --data "$DATA")" || die "CLI status"
 fi
 echo "admin API ok"
 stop_server

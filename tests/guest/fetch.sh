@@ -31,7 +31,7 @@ command -v apt-get >/dev/null || die "apt-get not found (the harness needs a Deb
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
 mkdir -p "$CACHE/debs"
 
-installed() { dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null | grep -q '^ii'; }
+installed() { [[ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" == ii* ]]; }
 
 # Depends of the packages named (first alternative, no virtual packages): one
 # apt-cache call per level of the closure, not per package.

@@ -243,7 +243,7 @@ impl Volume {
                 // Every whole block from here on, in one go (kept together in the log).
                 let whole = (data.len() - done) / BLOCK * BLOCK;
                 self.pool
-                    .write_blocks(&self.vol, lba, &data[done..done + whole])?;
+                    .write_blocks(&self.vol, lba, &data[done..done + whole], B)?;
                 done += whole;
             } else {
                 self.merge_block(lba, at, &data[done..done + n])?;
@@ -264,7 +264,7 @@ impl Volume {
         }
         block[at..at + bytes.len()].copy_from_slice(bytes);
         self.pool
-            .write_block(&self.vol, lba, &block, bytes.len() as u64)
+            .write_blocks(&self.vol, lba, &block, bytes.len() as u64)
     }
 
     /// Writes `data` and returns once it, and every write completed before, is durable.

@@ -335,58 +335,21 @@ impl Inner {
         }
     }
 
-    /// Appends one whole block of a volume, compressed when its volume's setting and the
-    /// data allow. `host_bytes` is how much of it the host wrote (less for a merged partial
-    /// block).
-    pub(crate) fn write_block(
+    /// Appends whole blocks `data` of a volume from `lba` on, each compressed when its
+    /// volume's setting and the data allow, in groups of up to [`WRITE_GROUP`] blocks
+    /// appended under one hold of the writer lock, so the blocks of one request lie one after
+    /// another in the log even while other writers append: a later read of them is a few
+    /// long drive reads, not one per block. Compression and checksums are computed before the
+    /// lock is taken. Near the live-data limit every block is checked against it and appended
+    /// on its own. `host_per_block`: how much of each block the host wrote (`BLOCK`, or less
+    /// for a merged partial block).
+    pub(crate) fn write_blocks(
         &self,
         vol: &VolumeState,
         lba: u64,
         data: &[u8],
-        host_bytes: u64,
+        host_per_block: u64,
     ) -> Result<()> {
-        let mut scratch = Vec::new();
-        let (stored, flags): (&[u8], u8) = match vol.compressor.compress(data, &mut scratch) {
-            Outcome::Compressed(n) => {
-                Stats::add(&self.stats.compressed_blocks, 1);
-                Stats::add(&self.stats.compressed_stored_bytes, n as u64);
-                (&scratch[..n], 1)
-            }
-            Outcome::Incompressible => {
-                Stats::add(&self.stats.incompressible_blocks, 1);
-                (data, 0)
-            }
-            Outcome::Skipped => {
-                if vol.compressor.setting() != crate::compress::Compression::Off {
-                    Stats::add(&self.stats.compression_skipped_blocks, 1);
-                }
-                (data, 0)
-            }
-        };
-        self.check_live_limit(vol, lba)?;
-        let crc = crate::crc::checksum(stored);
-        self.logged(|open| {
-            if vol.deleted.load(Ordering::Relaxed) {
-                return Err(Error::NotFound(format!(
-                    "volume {:?} was deleted",
-                    vol.name
-                )));
-            }
-            Ok(self.append_mapped(open, vol, lba, stored, crc, flags, None))
-        })?;
-        vol.logical_written.add(data.len() as u64);
-        vol.stored_written.add(stored.len() as u64);
-        Stats::add(&self.stats.host_write_bytes, host_bytes);
-        Ok(())
-    }
-
-    /// Appends whole blocks `data` of a volume from `lba` on, in groups of up to
-    /// [`WRITE_GROUP`] blocks appended under one hold of the writer lock, so the blocks of
-    /// one request lie one after another in the log even while other writers append: a
-    /// later read of them is a few long drive reads, not one per block. Compression and
-    /// checksums are computed before the lock is taken. Near the live-data limit every
-    /// block is checked and appended on its own, exactly as `write_block` does.
-    pub(crate) fn write_blocks(&self, vol: &VolumeState, lba: u64, data: &[u8]) -> Result<()> {
         debug_assert!(data.len().is_multiple_of(BLOCK));
         let blocks = data.len() / BLOCK;
         let mut first = 0usize;
@@ -459,7 +422,7 @@ impl Inner {
             }
             vol.logical_written.add((n * BLOCK) as u64);
             vol.stored_written.add(stored_bytes);
-            Stats::add(&self.stats.host_write_bytes, (n * BLOCK) as u64);
+            Stats::add(&self.stats.host_write_bytes, n as u64 * host_per_block);
             first += n;
         }
         Ok(())

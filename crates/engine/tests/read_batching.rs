@@ -49,15 +49,19 @@ fn counting(drives: Vec<DriveRef>) -> Vec<Arc<Counting>> {
         .collect()
 }
 
-fn check_one_read_per_chunk(drives: Vec<Arc<Counting>>) {
-    let cfg = PoolConfig {
+/// 4+1 stripes of 128 KiB chunks (the default chunk size): a MiB spans eight chunks.
+fn chunks_of_128k() -> PoolConfig {
+    PoolConfig {
         k: 4,
         m: 1,
         chunk_size: 128 << 10,
         segment_size: 4 << 20,
         checkpoint_interval: 64 << 20,
-    };
-    let pool = Pool::create(as_refs(&drives), &cfg).unwrap();
+    }
+}
+
+fn check_one_read_per_chunk(drives: Vec<Arc<Counting>>) {
+    let pool = Pool::create(as_refs(&drives), &chunks_of_128k()).unwrap();
     pool.create_volume_with("v", 8 << 20, Compression::Off)
         .unwrap();
     let v = pool.volume("v").unwrap();
@@ -169,14 +173,7 @@ fn concurrent_1mib_writes_stay_contiguous() {
             .map(|i| Arc::new(MemDrive::new(128 << 20, format!("mem:{i}"))) as DriveRef)
             .collect(),
     );
-    let cfg = PoolConfig {
-        k: 4,
-        m: 1,
-        chunk_size: 128 << 10,
-        segment_size: 4 << 20,
-        checkpoint_interval: 64 << 20,
-    };
-    let pool = Pool::create(as_refs(&drives), &cfg).unwrap();
+    let pool = Pool::create(as_refs(&drives), &chunks_of_128k()).unwrap();
     pool.create_volume_with("v", 32 << 20, Compression::Off)
         .unwrap();
     let v = pool.volume("v").unwrap();

@@ -32,6 +32,8 @@ struct Rules {
     jitter_ms: u64,
     /// A read starting here fails with EIO.
     fail_at: Option<u64>,
+    /// A read starting here returns one byte short (a broken queue).
+    short_at: Option<u64>,
     /// Every other wait with reads pending says the socket is readable when it may not be
     /// (as a poll that fired for bytes a read already took).
     spurious: bool,
@@ -157,6 +159,9 @@ impl ReadQueue for DelayQueue {
             );
         } else {
             let mut buf = vec![0u8; len];
+            if self.rules.short_at == Some(offset) {
+                buf.pop();
+            }
             match self.disk.read(offset, &mut buf) {
                 Ok(()) => f(token, Ok(Box::new(buf))),
                 Err(e) => f(token, Err(e)),
@@ -204,6 +209,7 @@ fn quick() -> Rules {
         slow: Duration::ZERO,
         jitter_ms: 0,
         fail_at: None,
+        short_at: None,
         spurious: false,
     }
 }
@@ -465,6 +471,39 @@ fn a_failed_read_is_answered_with_an_error_and_the_others_with_data() {
     for _ in 0..8 {
         let (e, h) = c.simple();
         if h == 3 {
+            assert_eq!(e, EIO);
+        } else {
+            assert_eq!(e, 0);
+            let o = h as usize * 4096;
+            assert_eq!(c.recv(4096), data[o..o + 4096]);
+        }
+    }
+    c.disc();
+    srv.stop();
+}
+
+/// A queue that hands back the wrong number of bytes gets the read an EIO, not a reply whose
+/// framing is off (the data is written from the queue's buffer as it is).
+#[test]
+fn a_queued_read_of_the_wrong_length_is_an_error_not_a_broken_stream() {
+    let rules = Rules {
+        short_at: Some(2 * 4096),
+        ..quick()
+    };
+    let (srv, _) = server(rules, Config::default());
+    let mut c = srv.raw();
+    c.hello();
+    c.go("");
+    let data = pattern(16384, 5);
+    assert_eq!(c.write(1, 0, &data), 0);
+    let mut reqs = Vec::new();
+    for h in 0..4u64 {
+        reqs.extend(read_req(h, h * 4096, 4096));
+    }
+    c.send(&reqs);
+    for _ in 0..4 {
+        let (e, h) = c.simple();
+        if h == 2 {
             assert_eq!(e, EIO);
         } else {
             assert_eq!(e, 0);

@@ -10,7 +10,7 @@
 //! answers every read it started before it returns (`drain_reads`).
 
 use super::*;
-use crate::export::{ReadData, ReadQueue};
+use crate::export::{ErrorKind, ReadData, ReadQueue};
 use std::collections::HashMap;
 
 /// A READ whose data is being read.
@@ -147,10 +147,18 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             };
             let r = reads.get_mut(&serial).expect("a part of a read in flight");
             match res {
-                Ok(data) => {
-                    debug_assert_eq!(r.reply.parts[part].1.len(), (*data).as_ref().len());
-                    r.data[part] = Some(data);
+                // Data of another length would break the stream's framing: an error instead.
+                Ok(data) if (*data).as_ref().len() != r.reply.parts[part].1.len() => {
+                    r.failed.get_or_insert(ExportError::new(
+                        ErrorKind::Io,
+                        format!(
+                            "read queue returned {} bytes for a {}-byte read",
+                            (*data).as_ref().len(),
+                            r.reply.parts[part].1.len()
+                        ),
+                    ));
                 }
+                Ok(data) => r.data[part] = Some(data),
                 Err(e) => {
                     r.failed.get_or_insert(e);
                 }
