@@ -450,6 +450,34 @@ fn a_disconnect_answers_every_read_in_flight_first() {
     srv.stop();
 }
 
+/// Sends `n` 4 KiB reads at once (handle h reads block h of written data) and checks that
+/// read `bad` alone is answered with EIO and every other with its data.
+fn one_read_fails(rules: Rules, n: u64, bad: u64) {
+    let (srv, _) = server(rules, Config::default());
+    let mut c = srv.raw();
+    c.hello();
+    c.go("");
+    let data = pattern(n as usize * 4096, 2);
+    assert_eq!(c.write(1, 0, &data), 0);
+    let mut reqs = Vec::new();
+    for h in 0..n {
+        reqs.extend(read_req(h, h * 4096, 4096));
+    }
+    c.send(&reqs);
+    for _ in 0..n {
+        let (e, h) = c.simple();
+        if h == bad {
+            assert_eq!(e, EIO, "read {h}");
+        } else {
+            assert_eq!(e, 0, "read {h}");
+            let o = h as usize * 4096;
+            assert_eq!(c.recv(4096), data[o..o + 4096], "read {h}");
+        }
+    }
+    c.disc();
+    srv.stop();
+}
+
 #[test]
 fn a_failed_read_is_answered_with_an_error_and_the_others_with_data() {
     let rules = Rules {
@@ -457,29 +485,7 @@ fn a_failed_read_is_answered_with_an_error_and_the_others_with_data() {
         fail_at: Some(3 * 4096),
         ..quick()
     };
-    let (srv, _) = server(rules, Config::default());
-    let mut c = srv.raw();
-    c.hello();
-    c.go("");
-    let data = pattern(65536, 2);
-    assert_eq!(c.write(1, 0, &data), 0);
-    let mut reqs = Vec::new();
-    for h in 0..8u64 {
-        reqs.extend(read_req(h, h * 4096, 4096));
-    }
-    c.send(&reqs);
-    for _ in 0..8 {
-        let (e, h) = c.simple();
-        if h == 3 {
-            assert_eq!(e, EIO);
-        } else {
-            assert_eq!(e, 0);
-            let o = h as usize * 4096;
-            assert_eq!(c.recv(4096), data[o..o + 4096]);
-        }
-    }
-    c.disc();
-    srv.stop();
+    one_read_fails(rules, 8, 3);
 }
 
 /// A queue that hands back the wrong number of bytes gets the read an EIO, not a reply whose
@@ -490,29 +496,7 @@ fn a_queued_read_of_the_wrong_length_is_an_error_not_a_broken_stream() {
         short_at: Some(2 * 4096),
         ..quick()
     };
-    let (srv, _) = server(rules, Config::default());
-    let mut c = srv.raw();
-    c.hello();
-    c.go("");
-    let data = pattern(16384, 5);
-    assert_eq!(c.write(1, 0, &data), 0);
-    let mut reqs = Vec::new();
-    for h in 0..4u64 {
-        reqs.extend(read_req(h, h * 4096, 4096));
-    }
-    c.send(&reqs);
-    for _ in 0..4 {
-        let (e, h) = c.simple();
-        if h == 2 {
-            assert_eq!(e, EIO);
-        } else {
-            assert_eq!(e, 0);
-            let o = h as usize * 4096;
-            assert_eq!(c.recv(4096), data[o..o + 4096]);
-        }
-    }
-    c.disc();
-    srv.stop();
+    one_read_fails(rules, 4, 2);
 }
 
 #[test]
