@@ -17,14 +17,14 @@ use crate::pool::{Inner, VolumeState, WriterState};
 use crate::stats::Stats;
 use crate::stripe::{OpenStripe, SealedStripe, StripeBuf};
 use crate::volume::VolumeInfo;
+use parking_lot::RwLock;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Blocks of one write appended under one hold of the writer lock (`Inner::write_blocks`):
 /// 256 KiB, two default chunks, so a request's blocks lie in runs a chunk long at least,
 /// while another writer waits for the lock at most that long.
 pub(crate) const WRITE_GROUP: usize = 64;
-use parking_lot::RwLock;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 impl Inner {
     /// Opens a stripe in `stream`: reserves its place and a buffer, and assigns its sequence.
@@ -363,14 +363,15 @@ impl Inner {
             };
             let raw = |i: usize| &data[(first + i) * BLOCK..(first + i + 1) * BLOCK];
             group.clear();
-            let (mut stored_bytes, mut compressed) = (0u64, 0u64);
+            let mut stored_bytes = 0u64;
             for i in 0..n {
                 self.check_live_limit(vol, lba + (first + i) as u64)?;
                 let mut scratch = Vec::new();
                 let (bytes, flags) = match vol.compressor.compress(raw(i), &mut scratch) {
                     Outcome::Compressed(len) => {
+                        Stats::add(&self.stats.compressed_blocks, 1);
+                        Stats::add(&self.stats.compressed_stored_bytes, len as u64);
                         scratch.truncate(len);
-                        compressed += 1;
                         (Some(scratch), 1)
                     }
                     Outcome::Incompressible => {
@@ -411,15 +412,6 @@ impl Inner {
                 }
                 Ok(Some(()))
             })?;
-            if compressed > 0 {
-                Stats::add(&self.stats.compressed_blocks, compressed);
-                let c: u64 = group
-                    .iter()
-                    .filter_map(|g| g.0.as_ref())
-                    .map(|b| b.len() as u64)
-                    .sum();
-                Stats::add(&self.stats.compressed_stored_bytes, c);
-            }
             vol.logical_written.add((n * BLOCK) as u64);
             vol.stored_written.add(stored_bytes);
             Stats::add(&self.stats.host_write_bytes, n as u64 * host_per_block);
