@@ -1243,7 +1243,10 @@ fn live_limit_enospc_and_failed_rebuild() {
     let data = tmp.0.join("data");
     make_big_volume_pool(&data);
     let fill = |srv: &Server, from: u64, until: u64| fill(&srv.nbd, seed, from, until);
-    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    let srv = Server::start(
+        &data,
+        &["--rebuild-delay", "100000", "--stripe-writers", "2"],
+    );
     let limit = u(&status(&data)["pool"]["live_limit_bytes"]);
     let (at, e) = fill(&srv, 0, 240 * MIB);
     assert_eq!(e, ENOSPC, "refused at {at} with {e}, limit {limit}");
@@ -1252,9 +1255,10 @@ fn live_limit_enospc_and_failed_rebuild() {
     // Refused at the first block that would have gone past the limit, none before.
     eprintln!("live {live} limit {limit} refused at {at}");
     // Blocks in stripes not written yet count live only once written, so the engine refuses
-    // new blocks as soon as live data plus what its stripe buffers can hold (MAX_STRIPE_BUFFERS
-    // stripes of k chunks) would pass the limit: never past it, and at most that early.
-    let pending = flashpool_engine::MAX_STRIPE_BUFFERS * K * CHUNK;
+    // new blocks as soon as live data plus what its stripe buffers can hold (with two stripe
+    // writers, that many stripes of k chunks) would pass the limit: never past it, and at most
+    // that early.
+    let pending = flashpool_engine::stripe_buffer_count(2) * K * CHUNK;
     assert!(live <= limit, "live {live} past the limit {limit}");
     assert!(
         live + pending + 4096 > limit,
@@ -1321,7 +1325,10 @@ fn live_limit_is_never_passed() {
     let tmp = TempDir::new("status-fields", "strict");
     let data = tmp.0.join("data");
     make_big_volume_pool(&data);
-    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    let srv = Server::start(
+        &data,
+        &["--rebuild-delay", "100000", "--stripe-writers", "2"],
+    );
     let limit = u(&status(&data)["pool"]["live_limit_bytes"]);
     let (at, e) = fill(&srv.nbd, seed, 0, 240 * MIB);
     assert_eq!(e, ENOSPC, "refused at {at} with {e}, limit {limit}");

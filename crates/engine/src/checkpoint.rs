@@ -1,7 +1,18 @@
 //! Taking a checkpoint: with writers held off, seal and write the open stripe, encode the
-//! pool's metadata (volumes, maps, segment states and the space their stripes took), write it
-//! as erasure-coded stripes of kind Checkpoint, flush, then point every drive's superblock at
-//! it.
+//! pool's metadata (volumes, maps, segment states and the space their stripes took) and write
+//! it as erasure-coded stripes of kind Checkpoint; then, with writers going on, flush and point
+//! every drive's superblock at it.
+//!
+//! Writers wait only for the snapshot, not for the flush: on file drives the first flush after
+//! a long write can take most of a second (the host filesystem commits everything written
+//! since), and a writer held for it is a host write that long. What they write meanwhile comes
+//! after the checkpoint in the log (higher sequence numbers), so it is replayed from this
+//! checkpoint or, after a crash before the superblocks point here, from the previous one,
+//! whose segments stay reserved. Every superblock change takes `cp_lock`, held throughout.
+//! Segments the checkpoint records as free that writers must not reuse before it is durable
+//! (those the cleaner emptied) are freed only after the superblocks. A pool still writing an
+//! unstamped log (an older build's, until its first checkpoint here) holds writers to the end,
+//! so the first stamped record comes after the first version-4 checkpoint.
 //!
 //! The previous checkpoint's segments stay reserved until the next one, so a crash at any
 //! point, even while superblocks are half rewritten, leaves a complete checkpoint to start from.
@@ -23,11 +34,24 @@ use std::sync::atomic::Ordering;
 impl Inner {
     /// Writes a checkpoint of the whole pool state.
     pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.checkpoint_when(false)
+    }
+
+    /// Writes a checkpoint if one is still due (`WriterState::checkpoint_due`): what a writer
+    /// that saw one due calls, since others may have seen it too and one of them taken it.
+    pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
+        self.checkpoint_when(true)
+    }
+
+    fn checkpoint_when(&self, only_if_due: bool) -> Result<()> {
         let _one_at_a_time = self.cp_lock.lock();
         self.check_failed()?;
         let started = std::time::Instant::now();
         let mut w = self.writer.lock();
         let locked = started.elapsed();
+        if only_if_due && !w.checkpoint_due(self.checkpoint_interval) {
+            return Ok(());
+        }
         for s in self.seal_all(&mut w) {
             self.write_stripe(s)?;
         }
@@ -111,28 +135,45 @@ impl Inner {
         w.segs.close(Stream::Checkpoint);
         self.wait_written(seq_end)?;
         let written = started.elapsed();
-        self.flush_drives()?;
-        let flushed = started.elapsed();
-
-        let generation = {
-            let mut sb = self.sb.lock();
-            sb.generation += 1;
-            sb.checkpoint = CheckpointRef {
-                seq_start,
-                seq_end,
-                len: bytes.len() as u64,
-                crc,
-                segments: segments.into_iter().collect(),
-            };
-            sb.generation
-        };
-        self.write_superblocks_gen(generation)?;
-        // The log after a version-4 checkpoint is stamped (a pool an older build wrote starts
-        // here); still under the writer lock, so no record after it goes unstamped.
-        self.stamps.start_above(0);
+        // What the checkpoint records as free and only a durable checkpoint may free.
         let reclaimed: Vec<u32> = (0..w.segs.states.len() as u32)
             .filter(|&s| w.segs.states[s as usize] == SegState::Reclaimed)
             .collect();
+        // The log it covers: counted from zero again now, so writers do not start another
+        // checkpoint (and wait for this one) while it flushes; put back if it fails.
+        let covered = (w.bytes_since_cp, w.data_bytes_since_cp);
+        w.bytes_since_cp = 0;
+        w.data_bytes_since_cp = 0;
+        // Writers go on during the flush unless the log is not stamped yet (module doc).
+        let mut released = started.elapsed();
+        let held = if self.stamps.on() {
+            drop(w);
+            None
+        } else {
+            Some(w)
+        };
+        let held_to_end = held.is_some();
+        let made_durable = self.make_durable(seq_start, seq_end, &bytes, crc, segments);
+        let mut w = held.unwrap_or_else(|| self.writer.lock());
+        if let Err(e) = made_durable {
+            w.bytes_since_cp += covered.0;
+            w.data_bytes_since_cp += covered.1;
+            return Err(e);
+        }
+        let durable = started.elapsed();
+        if held_to_end {
+            released = durable;
+        }
+
+        // The log after a version-4 checkpoint is stamped (a pool an older build wrote starts
+        // here); still under the writer lock, so no record after it goes unstamped.
+        self.stamps.start_above(0);
+        debug_assert!(
+            reclaimed
+                .iter()
+                .all(|&s| w.segs.states[s as usize] == SegState::Reclaimed),
+            "only a checkpoint or a free by the log (both under cp_lock) frees reclaimed segments"
+        );
         if !reclaimed.is_empty() {
             let mut pending = self.reclaimed_records.lock();
             for s in &reclaimed {
@@ -149,8 +190,6 @@ impl Inner {
             );
             tracing::debug!(freed = reclaimed.len(), "segments freed by the checkpoint");
         }
-        w.bytes_since_cp = 0;
-        w.data_bytes_since_cp = 0;
         w.last_cp_bytes = bytes.len() as u64;
         Stats::add(&self.stats.checkpoints, 1);
         tracing::debug!(
@@ -160,10 +199,37 @@ impl Inner {
             lock_wait_ms = locked.as_millis() as u64,
             drain_ms = drained.as_millis() as u64,
             written_ms = written.as_millis() as u64,
-            flushed_ms = flushed.as_millis() as u64,
+            writers_held_ms = released.as_millis() as u64,
+            durable_ms = durable.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );
         Ok(())
+    }
+
+    /// Flushes every drive (the checkpoint's stripes and everything before them), then points
+    /// the superblocks at the checkpoint.
+    fn make_durable(
+        &self,
+        seq_start: u64,
+        seq_end: u64,
+        bytes: &[u8],
+        crc: u32,
+        segments: BTreeSet<u32>,
+    ) -> Result<()> {
+        self.flush_drives()?;
+        let generation = {
+            let mut sb = self.sb.lock();
+            sb.generation += 1;
+            sb.checkpoint = CheckpointRef {
+                seq_start,
+                seq_end,
+                len: bytes.len() as u64,
+                crc,
+                segments: segments.into_iter().collect(),
+            };
+            sb.generation
+        };
+        self.write_superblocks_gen(generation)
     }
 }

@@ -427,7 +427,11 @@ mod tests {
             .collect();
         let refs = || -> Vec<DriveRef> { drives.iter().map(|d| d.clone() as DriveRef).collect() };
         let cfg = small();
-        let pool = Pool::create(refs(), &cfg).unwrap();
+        let pool = if stamped {
+            Pool::create(refs(), &cfg).unwrap()
+        } else {
+            Pool::create_unstamped(refs(), &cfg).unwrap()
+        };
         pool.create_volume_with("v", 8 << 20, crate::Compression::Off)
             .unwrap();
         if stamped {

@@ -293,7 +293,8 @@ pub(crate) struct Inner {
     pub free_bufs: Mutex<Vec<AlignedBuf>>,
     pub buf_cv: Condvar,
     pub buffers_made: AtomicU64,
-    pub max_buffers: u64,
+    /// Stripe buffers that may exist at once (`MAX_STRIPE_BUFFERS`, more with stripe writers).
+    pub max_buffers: AtomicU64,
     pub live: Vec<AtomicU64>,
     /// The space each segment's stripes took since it was opened, in bytes of data and parity:
     /// what the cleaner measures live data against. Kept by checkpoints and replay; 0 for a
@@ -348,7 +349,17 @@ pub(crate) type KeptRecords = Vec<(u64, Record)>;
 pub const MAX_WIDTH: usize = 16;
 
 /// Most stripe buffers in memory at once: the bound on data accepted but not yet written.
+/// With stripe writers, [`BUFFERS_PER_STRIPE_WRITER`] more per writer.
 pub const MAX_STRIPE_BUFFERS: u64 = 8;
+/// Stripe buffers added per stripe writer: one it writes and one queued for it, so the
+/// writers keep the drives busy while appenders fill the rest (a disk takes its full write
+/// bandwidth only with several MiB in flight).
+pub const BUFFERS_PER_STRIPE_WRITER: u64 = 2;
+
+/// Stripe buffers of a pool running `writers` stripe writers (0: none).
+pub fn stripe_buffer_count(writers: usize) -> u64 {
+    MAX_STRIPE_BUFFERS + BUFFERS_PER_STRIPE_WRITER * writers as u64
+}
 
 /// A storage pool.
 pub struct Pool {
@@ -463,7 +474,7 @@ impl Inner {
             free_bufs: Mutex::new(Vec::new()),
             buf_cv: Condvar::new(),
             buffers_made: AtomicU64::new(0),
-            max_buffers: MAX_STRIPE_BUFFERS,
+            max_buffers: AtomicU64::new(MAX_STRIPE_BUFFERS),
             live: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             written_slots: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             stats: Stats::default(),
@@ -498,14 +509,15 @@ impl Inner {
         self.drives.iter().map(|d| d.usable().is_some()).collect()
     }
 
-    /// Takes a free stripe buffer, waiting while `MAX_STRIPE_BUFFERS` are in use.
+    /// Takes a free stripe buffer, waiting while `max_buffers` are in use.
     pub(crate) fn take_buffer(&self) -> AlignedBuf {
         let mut free = self.free_bufs.lock();
         loop {
             if let Some(b) = free.pop() {
                 return b;
             }
-            if self.buffers_made.load(Ordering::Relaxed) < self.max_buffers {
+            if self.buffers_made.load(Ordering::Relaxed) < self.max_buffers.load(Ordering::Relaxed)
+            {
                 self.buffers_made.fetch_add(1, Ordering::Relaxed);
                 return AlignedBuf::zeroed(self.shape.buffer_len());
             }
@@ -645,10 +657,12 @@ impl Inner {
     }
 
     /// The most data bytes accepted from hosts but not yet counted live: a block counts once
-    /// its stripe is written, and at most `MAX_STRIPE_BUFFERS` stripes of `width` data chunks
-    /// are buffered.
+    /// its stripe is written, and at most `max_buffers` stripes of `width` data chunks are
+    /// buffered.
     fn unpublished_bound(&self) -> u64 {
-        MAX_STRIPE_BUFFERS * self.width.load(Ordering::Relaxed) as u64 * self.geo.chunk_size as u64
+        self.max_buffers.load(Ordering::Relaxed)
+            * self.width.load(Ordering::Relaxed) as u64
+            * self.geo.chunk_size as u64
     }
 
     /// A host write of one new block (not an overwrite) past the live-data limit: ENOSPC,
@@ -694,8 +708,18 @@ fn new_uuid() -> [u8; 16] {
 }
 
 impl Pool {
-    /// Creates a new pool on `drives`, overwriting whatever they held.
+    /// Creates a new pool on `drives`, overwriting whatever they held. It starts with an
+    /// empty checkpoint, so its log is stamped from the first record (`stamp`), and no
+    /// checkpoint of it holds writers while it flushes (`checkpoint`).
     pub fn create(drives: Vec<DriveRef>, cfg: &PoolConfig) -> Result<Pool> {
+        let pool = Self::create_unstamped(drives, cfg)?;
+        pool.inner.checkpoint()?;
+        Ok(pool)
+    }
+
+    /// A new pool without its first checkpoint: its log is unstamped until one, as a pool
+    /// an older build created (the tests of the unstamped rules start here).
+    pub(crate) fn create_unstamped(drives: Vec<DriveRef>, cfg: &PoolConfig) -> Result<Pool> {
         let n = drives.len();
         if n == 0 || n > MAX_DRIVES {
             return Err(Error::invalid(format!(

@@ -7,8 +7,8 @@
 //! names (an unstamped log). A stamped log (after a version-4 checkpoint) is applied record by
 //! record in stamp order, skipping stripes that cannot be read: a stripe missing or torn was
 //! either never flushed or belonged to a segment the cleaner emptied and reused, and the
-//! records that superseded its blocks come later in stamp order. An unstamped log (older
-//! pools, or a new pool before its first checkpoint) is applied stripe by stripe in sequence
+//! records that superseded its blocks come later in stamp order. An unstamped log (pools an
+//! older build created, until their first checkpoint here) is applied stripe by stripe in sequence
 //! order, stopping at the first missing or unreadable stripe: every stripe before a completed
 //! flush is complete, so what is cut off was never flushed, and each of its blocks reads as
 //! its previous contents.

@@ -4,8 +4,9 @@
 //! Off by default: every stripe is then written by the thread that sealed it, which keeps a
 //! single-threaded caller deterministic (the model and simulation tests). `flashpool serve`
 //! starts them ([`crate::Pool::start_stripe_writers`]). What bounds the data accepted but not
-//! yet written is unchanged: the pool's `MAX_STRIPE_BUFFERS` stripe buffers (an appender waits
-//! for one when all are sealed and queued). A write completes before it is durable either way;
+//! yet written is the pool's stripe buffers (an appender waits for one when all are sealed and
+//! queued): `MAX_STRIPE_BUFFERS`, and `BUFFERS_PER_STRIPE_WRITER` more per writer, so every
+//! writer has one stripe on the drives and one waiting while appenders fill others. A write completes before it is durable either way;
 //! a stripe that fails on its drives is recorded for the next flush (and host writes) to see,
 //! exactly as when the appender wrote it: `Inner::write_stripe` does the bookkeeping in both.
 
@@ -55,7 +56,11 @@ pub(crate) fn start(inner: &Arc<Inner>, n: usize) -> std::io::Result<()> {
     if inner.stripe_queue.set(q.clone()).is_err() {
         return Ok(());
     }
-    for i in 0..n.max(1) {
+    let n = n.max(1);
+    inner
+        .max_buffers
+        .store(crate::pool::stripe_buffer_count(n), Ordering::Relaxed);
+    for i in 0..n {
         let weak = Arc::downgrade(inner);
         let q = q.clone();
         std::thread::Builder::new()

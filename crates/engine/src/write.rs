@@ -326,7 +326,7 @@ impl Inner {
                     self.write_stripe(s)?;
                 }
                 if want_cp && stream == Stream::Data {
-                    self.checkpoint()?;
+                    self.checkpoint_if_due()?;
                 }
             }
             if let Some(v) = done {

@@ -49,13 +49,15 @@ fn counting(drives: Vec<DriveRef>) -> Vec<Arc<Counting>> {
         .collect()
 }
 
-/// 4+1 stripes of 128 KiB chunks (the default chunk size): a MiB spans eight chunks.
+/// 4+1 stripes of 128 KiB chunks (the default chunk size): a MiB spans eight chunks. Segments
+/// of 2 MiB: the small test drives hold enough of them for 4 MiB of data besides the
+/// checkpoint's and the cleaner's reserve.
 fn chunks_of_128k() -> PoolConfig {
     PoolConfig {
         k: 4,
         m: 1,
         chunk_size: 128 << 10,
-        segment_size: 4 << 20,
+        segment_size: 2 << 20,
         checkpoint_interval: 64 << 20,
     }
 }
