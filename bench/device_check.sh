@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The issue-16 measurements in one call, for a machine lent for a few minutes (the 16-core
+# device machine): the real-disk table (bench/disk_bench.py), reads in flight at the disk
+# (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers (bench/stripe_writers.sh),
+# and one checkpoint's timing from the server's debug log (how long writers were held, how
+# long the flush took). About 7 minutes; each part's output goes to OUTDIR as it finishes, so
+# a run cut short still returns what it measured.
+#
+# Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz
+# There:      tar xJf .devbench/bundle.tar.xz -C /tmp/b && PATH=/tmp/b/bin:$PATH \
+#               FLASHPOOL=/tmp/b/bin/flashpool bash bench/device_check.sh "$OUT"
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: bench/device_check.sh OUTDIR}
+mkdir -p "$out"
+fp=${FLASHPOOL:-$root/target/release/flashpool}
+work=${WORKDIR:-$root/target/device-check}
+mkdir -p "$work"
+export FLASHPOOL=$fp
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')  commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "cpus: $(nproc)  $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+    echo "filesystem: $(findmnt -n -o FSTYPE,SOURCE -T "$work")"
+} | tee "$out/machine.txt"
+
+python3 "$root/bench/disk_bench.py" --runtime 5 --rounds 1 --flashpool "$fp" \
+    --workdir "$work/disk-bench" 2>&1 | tee "$out/disk_bench.txt"
+bash "$root/bench/disk_depth.sh" "$work/depth" 5 2>&1 | tee "$out/disk_depth.txt"
+bash "$root/bench/stripe_writers.sh" "$work/sw" 5 2 8 2>&1 | tee "$out/stripe_writers.txt"
+
+# One checkpoint under a 1 MiB write stream: the engine logs its phases at debug level.
+pool=$work/cp
+rm -rf "$pool"
+mkdir -p "$pool"
+RUST_LOG=flashpool_engine::checkpoint=debug "$fp" serve --data "$pool/data" \
+    --socket "$pool/nbd.sock" --listen 127.0.0.1:0 >"$pool/log" 2>&1 &
+srv=$!
+trap 'kill $srv 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$pool/nbd.sock" ] && break; sleep 0.1; done
+fio --name=cp --rw=write --bs=1M --iodepth=8 --ioengine=nbd \
+    --uri="nbd+unix:///default?socket=$pool/nbd.sock" --size=3G --output-format=json \
+    >"$pool/fio.json"
+kill $srv
+wait $srv 2>/dev/null || true
+python3 - "$pool/fio.json" <<'PY' | tee "$out/checkpoint.txt"
+import json, sys
+t = open(sys.argv[1]).read()
+j = json.loads(t[t.index("{"):])["jobs"][0]["write"]
+p = j["clat_ns"]["percentile"]
+print("1 MiB writes over 3 GiB: %.0f MiB/s, p99 %.1f ms, p99.9 %.1f ms" % (
+    j["bw"] / 1024, p["99.000000"] / 1e6, p["99.900000"] / 1e6))
+PY
+sed 's/\x1b\[[0-9;]*m//g' "$pool/log" | grep "checkpoint written" | tee -a "$out/checkpoint.txt"
