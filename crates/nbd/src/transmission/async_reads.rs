@@ -11,7 +11,6 @@
 
 use super::*;
 use crate::export::{ErrorKind, ReadData, ReadQueue};
-use std::collections::HashMap;
 
 /// A READ whose data is being read.
 struct InFlightRead {
@@ -33,14 +32,22 @@ pub(super) struct AsyncReads {
     q: Box<dyn ReadQueue>,
     /// The connection's socket (or the plain end of its TLS pump), waited on with the reads.
     socket: std::os::fd::RawFd,
-    /// By request serial.
-    reads: HashMap<u64, InFlightRead>,
-    /// Queue token -> (request serial, part of its reply).
-    parts: HashMap<u64, (u64, usize)>,
-    next_serial: u64,
-    next_token: u64,
+    /// Reads in progress, each in a slot until answered; a queue token names a slot and a
+    /// part of its reply ([`token`]), so a completion finds its read without a lookup table.
+    /// A slot is reused only once every part of its read is back, so no token outlives it.
+    slots: Vec<Option<InFlightRead>>,
+    /// Empty slots.
+    free: Vec<usize>,
+    /// Slots in use.
+    in_progress: usize,
     /// Reads started since the last submit.
     unsubmitted: bool,
+}
+
+/// The queue token of part `part` of the read in slot `slot`.
+fn token(slot: usize, part: usize) -> u64 {
+    debug_assert!(part < 1 << 32, "a reply's parts fit 32 bits");
+    (slot as u64) << 32 | part as u64
 }
 
 impl AsyncReads {
@@ -48,17 +55,16 @@ impl AsyncReads {
         AsyncReads {
             q,
             socket,
-            reads: HashMap::new(),
-            parts: HashMap::new(),
-            next_serial: 0,
-            next_token: 0,
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_progress: 0,
             unsubmitted: false,
         }
     }
 
     /// READs started and not yet answered.
     pub(super) fn in_progress(&self) -> usize {
-        self.reads.len()
+        self.in_progress
     }
 
     /// The connection's socket.
@@ -102,27 +108,27 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             self.push_reply(batch, reply.out, held, Some(ar));
             return;
         }
-        let serial = ar.next_serial;
-        ar.next_serial += 1;
-        for (i, (off, range)) in reply.parts.iter().enumerate() {
-            let token = ar.next_token;
-            ar.next_token += 1;
-            ar.parts.insert(token, (serial, i));
-            ar.q.start(token, *off, range.len());
+        let slot = ar.free.pop().unwrap_or_else(|| {
+            ar.slots.push(None);
+            ar.slots.len() - 1
+        });
+        let left = reply.parts.len();
+        // In its slot before any part starts: a queue may finish a part inside `start`.
+        ar.slots[slot] = Some(InFlightRead {
+            req,
+            reply,
+            data: (0..left).map(|_| None).collect(),
+            left,
+            held,
+            failed: None,
+        });
+        ar.in_progress += 1;
+        let AsyncReads { q, slots, .. } = &mut *ar;
+        let parts = &slots[slot].as_ref().expect("placed above").reply.parts;
+        for (i, (off, range)) in parts.iter().enumerate() {
+            q.start(token(slot, i), *off, range.len());
         }
         ar.unsubmitted = true;
-        let left = reply.parts.len();
-        ar.reads.insert(
-            serial,
-            InFlightRead {
-                req,
-                reply,
-                data: (0..left).map(|_| None).collect(),
-                left,
-                held,
-                failed: None,
-            },
-        );
     }
 
     /// Hands the reads started to the devices (before the thread answers or waits).
@@ -135,17 +141,19 @@ impl<'a, W: Write + Send> Conn<'a, W> {
 
     /// Queues the replies of every read finished so far.
     pub(super) fn finish_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
-        let AsyncReads {
-            q, reads, parts, ..
-        } = ar;
+        let AsyncReads { q, slots, .. } = &mut *ar;
         q.poll();
-        let mut complete: Vec<u64> = Vec::new();
+        let mut complete: Vec<usize> = Vec::new();
         while q.take(&mut |token, res| {
-            let Some((serial, part)) = parts.remove(&token) else {
+            let (slot, part) = ((token >> 32) as usize, (token & 0xffff_ffff) as usize);
+            let Some(r) = slots.get_mut(slot).and_then(|s| s.as_mut()) else {
                 debug_assert!(false, "a read queue token we did not start");
                 return;
             };
-            let r = reads.get_mut(&serial).expect("a part of a read in flight");
+            if part >= r.data.len() || r.data[part].is_some() || r.left == 0 {
+                debug_assert!(false, "a part of a read finished twice or never started");
+                return;
+            }
             match res {
                 // Data of another length would break the stream's framing: an error instead.
                 Ok(data) if (*data).as_ref().len() != r.reply.parts[part].1.len() => {
@@ -165,11 +173,13 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             }
             r.left -= 1;
             if r.left == 0 {
-                complete.push(serial);
+                complete.push(slot);
             }
         }) {}
-        for serial in complete {
-            let r = reads.remove(&serial).expect("a read in flight");
+        for slot in complete {
+            let r = ar.slots[slot].take().expect("a read in flight");
+            ar.free.push(slot);
+            ar.in_progress -= 1;
             let mut reply = match r.failed {
                 Some(e) => Reply::new(self.error(&r.req, e.kind.nbd_errno(), &e.message), 0),
                 None => Reply {
