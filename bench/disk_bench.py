@@ -22,6 +22,7 @@ them alike; the table gives the median over rounds, and the ratios the issue set
 """
 
 import argparse
+import resource
 import json
 import os
 import shutil
@@ -121,7 +122,9 @@ class Target:
             args += ["--time_based", f"--runtime={runtime}", "--randrepeat=0"]
         args += self.fio_args()
         t0 = cpu_ticks(self.proc.pid) if self.proc else 0
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(args, capture_output=True, text=True)
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t1 = cpu_ticks(self.proc.pid) if self.proc else 0
         if out.returncode != 0:
             raise SystemExit(f"fio failed on {self.name}: {out.stderr[-2000:]}")
@@ -135,6 +138,10 @@ class Target:
             "mean_us": d["clat_ns"]["mean"] / 1000,
             "p99_us": d["clat_ns"]["percentile"].get("99.000000", 0) / 1000,
             "cpu_us": ((t1 - t0) / hz * 1e6 / ios) if (self.proc and ios) else None,
+            # fio's own CPU (its job processes included): the client's cost per I/O, which
+            # bounds what one client can drive whatever the server does.
+            "client_us": ((c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) * 1e6 / ios)
+            if ios else None,
         }
 
 
@@ -175,7 +182,8 @@ def main():
                     cpu = f"{r['cpu_us']:.1f}" if r["cpu_us"] is not None else "-"
                     print(f"round {rnd + 1} {t.name:14} {pname:15} {r['iops']:9.0f} IOPS "
                           f"{r['mibs']:8.1f} MiB/s mean {r['mean_us']:7.1f} us "
-                          f"p99 {r['p99_us']:7.1f} us cpu/io {cpu} us",
+                          f"p99 {r['p99_us']:7.1f} us cpu/io {cpu} us "
+                          f"client {r['client_us']:.1f} us",
                           file=sys.stderr, flush=True)
         finally:
             for t in targets:
@@ -196,9 +204,11 @@ def main():
         for n in names:
             iops, mibs = med(n, pname, "iops"), med(n, pname, "mibs")
             mean, p99, cpu = med(n, pname, "mean_us"), med(n, pname, "p99_us"), med(n, pname, "cpu_us")
+            client = med(n, pname, "client_us")
             head = f"{mibs:.0f} MiB/s" if bs == "1M" else f"{iops / 1000:.1f} K"
             cpu_s = f", {cpu:.1f} us CPU/IO" if cpu is not None else ""
-            cells.append(f"{head} ({mean:.0f} / {p99:.0f} us{cpu_s})")
+            client_s = f", fio {client:.1f} us" if client is not None else ""
+            cells.append(f"{head} ({mean:.0f} / {p99:.0f} us{cpu_s}{client_s})")
         lines.append(f"| {pname} | " + " | ".join(cells) + " |")
     if results["raw"][SYNCED]:
         mibs, mean, p99 = (med("raw", SYNCED, k) for k in ("mibs", "mean_us", "p99_us"))
@@ -206,7 +216,8 @@ def main():
                  for n in names]
         lines.append(f"| {SYNCED} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Cells: IOPS or bandwidth (mean / p99 completion latency, server CPU per I/O).")
+    lines.append("Cells: IOPS or bandwidth (mean / p99 completion latency, server CPU per I/O, "
+                 "fio's own CPU per I/O).")
     if "raw" in names and "flashpool" in names:
         k, m = 4, 1
 
