@@ -8,10 +8,10 @@
 //! record in stamp order, skipping stripes that cannot be read: a stripe missing or torn was
 //! either never flushed or belonged to a segment the cleaner emptied and reused, and the
 //! records that superseded its blocks come later in stamp order. An unstamped log (pools an
-//! older build created, until their first checkpoint here) is applied stripe by stripe in sequence
-//! order, stopping at the first missing or unreadable stripe: every stripe before a completed
-//! flush is complete, so what is cut off was never flushed, and each of its blocks reads as
-//! its previous contents.
+//! older build created, until their first checkpoint here) is applied stripe by stripe in
+//! sequence order, stopping at the first missing or unreadable stripe: every stripe before a
+//! completed flush is complete, so what is cut off was never flushed, and each of its blocks
+//! reads as its previous contents.
 
 use crate::aligned::AlignedBuf;
 use crate::assembly::Assembly;

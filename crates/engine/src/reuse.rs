@@ -11,12 +11,13 @@
 //! could not all be read, or whose records would cost more than a share of a checkpoint,
 //! waits for the next checkpoint, which frees it (see `checkpoint`).
 //!
-//! Unstamped log (a pool an older build created, until its first checkpoint here): only a segment the latest checkpoint covers (closed before the checkpoint began)
-//! goes by the log. Recovery starts from the checkpoint, whose maps point into the segment
-//! only for blocks whose moves out of it are in the log after the checkpoint; a `SegmentFree`
-//! record appended after those moves, made durable with everything before it, lets recovery
-//! follow the moves, see the record, and only then look in the segment for newer stripes. A
-//! segment written since the checkpoint waits for the next one.
+//! Unstamped log (a pool an older build created, until its first checkpoint here): only a
+//! segment the latest checkpoint covers (closed before the checkpoint began) goes by the log.
+//! Recovery starts from the checkpoint, whose maps point into the segment only for blocks whose
+//! moves out of it are in the log after the checkpoint; a `SegmentFree` record appended after
+//! those moves, made durable with everything before it, lets recovery follow the moves, see the
+//! record, and only then look in the segment for newer stripes. A segment written since the
+//! checkpoint waits for the next one.
 //!
 //! Either way the freed range is discarded on every drive (`Drive::discard`) before anything
 //! can be written there again, so a drive with its own FTL stops copying what we no longer

@@ -6,9 +6,10 @@
 //! starts them ([`crate::Pool::start_stripe_writers`]). What bounds the data accepted but not
 //! yet written is the pool's stripe buffers (an appender waits for one when all are sealed and
 //! queued): `MAX_STRIPE_BUFFERS`, and `BUFFERS_PER_STRIPE_WRITER` more per writer, so every
-//! writer has one stripe on the drives and one waiting while appenders fill others. A write completes before it is durable either way;
-//! a stripe that fails on its drives is recorded for the next flush (and host writes) to see,
-//! exactly as when the appender wrote it: `Inner::write_stripe` does the bookkeeping in both.
+//! writer has one stripe on the drives and one waiting while appenders fill others. A write
+//! completes before it is durable either way; a stripe that fails on its drives is recorded for
+//! the next flush (and host writes) to see, exactly as when the appender wrote it:
+//! `Inner::write_stripe` does the bookkeeping in both.
 
 use crate::error::Result;
 use crate::pool::Inner;
