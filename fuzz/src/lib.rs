@@ -181,7 +181,7 @@ pub fn decode_formats(data: &[u8]) {
     let _ = ChunkHeader::decode(&b);
 }
 
-const DRIVE: u64 = 6 << 20;
+const DRIVE: u64 = 8 << 20;
 
 /// Images of a small 2+1 pool with a volume holding data, made once.
 pub fn pool_images() -> &'static Vec<Arc<MemDrive>> {

@@ -770,6 +770,22 @@ impl Pool {
             .map(|d| DriveSlot::new(Some(d), crate::format::superblock::MEMBER_ACTIVE))
             .collect();
         let inner = Inner::new(uuid, geo, slots, sb, cfg.checkpoint_interval)?;
+        // Room for host data besides the reserves and the first checkpoint's segment: host
+        // writes need more free segments than the checkpoint and cleaner reserves. Checked
+        // before anything is written, so a refused pool leaves its drives as they were.
+        {
+            let w = inner.writer.lock();
+            let need = w.segs.low_water() + 1;
+            let have = inner.geo.segment_count as usize;
+            if have < need {
+                return Err(Error::invalid(format!(
+                    "drives of {drive_size} bytes are too small: {have} segments of {} bytes, \
+                     and a pool needs {need} (its checkpoint and cleaner reserves, a checkpoint \
+                     and one to write into); use larger drives or smaller segments",
+                    inner.geo.segment_size
+                )));
+            }
+        }
         // Both slots: generation 0 and 1, so no stale superblock of an older pool survives.
         inner.write_superblocks_gen(0)?;
         inner.write_superblocks_gen(1)?;

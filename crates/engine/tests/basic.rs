@@ -104,3 +104,66 @@ fn volumes_create_resize_delete_survive_reopen() {
     assert_eq!(b, block_for(1));
     assert!(pool.volume("b").is_err());
 }
+
+/// A pool must have room for host data besides its reserves: drives too small for that are
+/// refused at creation with a clear error and left as they were, not accepted and then full at
+/// the first write. The smallest accepted pool takes a write and a flush.
+#[test]
+fn drives_too_small_for_data_besides_the_reserves_are_refused() {
+    use flashpool_engine::drive::{Drive, MemDrive};
+    use flashpool_engine::format::superblock::DATA_START;
+    use flashpool_engine::PoolConfig;
+    use std::sync::Arc;
+    let cfg = PoolConfig {
+        k: 2,
+        m: 1,
+        chunk_size: 8 << 10,
+        segment_size: 1 << 20,
+        checkpoint_interval: 1 << 20,
+    };
+    let drives = |segments: u64| -> Vec<Arc<MemDrive>> {
+        (0..3)
+            .map(|i| {
+                Arc::new(MemDrive::new(
+                    DATA_START + segments * cfg.segment_size,
+                    format!("mem:{i}"),
+                ))
+            })
+            .collect()
+    };
+    let mut accepted = None;
+    for segments in 4..16 {
+        let mems = drives(segments);
+        match Pool::create(as_refs(&mems), &cfg) {
+            Ok(pool) => {
+                accepted = Some((segments, pool));
+                break;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("too small"), "{segments} segments: {msg}");
+                let mut head = vec![0u8; 8192];
+                for m in &mems {
+                    m.read_at(0, &mut head).unwrap();
+                    assert!(
+                        head.iter().all(|&b| b == 0),
+                        "{segments} segments: a refused creation wrote to {}",
+                        m.info().identity
+                    );
+                }
+            }
+        }
+    }
+    let (segments, pool) = accepted.expect("a pool of 15 segments is accepted");
+    // The geometry's own minimum (4 segments) leaves no segment for data besides these
+    // reserves: it must have been refused.
+    assert!(segments > 4, "a pool of {segments} segments was accepted");
+    eprintln!("smallest pool accepted: {segments} segments");
+    pool.create_volume("v", 1 << 20).unwrap();
+    let v = pool.volume("v").unwrap();
+    v.write(0, &[7u8; 4096]).unwrap();
+    pool.flush().unwrap();
+    let mut buf = [0u8; 4096];
+    v.read(0, &mut buf).unwrap();
+    assert_eq!(buf, [7u8; 4096]);
+}
