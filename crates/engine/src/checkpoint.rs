@@ -145,7 +145,7 @@ impl Inner {
         w.bytes_since_cp = 0;
         w.data_bytes_since_cp = 0;
         // Writers go on during the flush unless the log is not stamped yet (module doc).
-        let mut released = started.elapsed();
+        let released = started.elapsed();
         let held = if self.stamps.on() {
             drop(w);
             None
@@ -161,9 +161,7 @@ impl Inner {
             return Err(e);
         }
         let durable = started.elapsed();
-        if held_to_end {
-            released = durable;
-        }
+        let writers_held = if held_to_end { durable } else { released };
 
         // The log after a version-4 checkpoint is stamped (a pool an older build wrote starts
         // here); still under the writer lock, so no record after it goes unstamped.
@@ -199,7 +197,7 @@ impl Inner {
             lock_wait_ms = locked.as_millis() as u64,
             drain_ms = drained.as_millis() as u64,
             written_ms = written.as_millis() as u64,
-            writers_held_ms = released.as_millis() as u64,
+            writers_held_ms = writers_held.as_millis() as u64,
             durable_ms = durable.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"

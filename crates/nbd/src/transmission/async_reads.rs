@@ -38,8 +38,6 @@ pub(super) struct AsyncReads {
     slots: Vec<Option<InFlightRead>>,
     /// Empty slots.
     free: Vec<usize>,
-    /// Slots in use.
-    in_progress: usize,
     /// Reads started since the last submit.
     unsubmitted: bool,
 }
@@ -50,6 +48,11 @@ fn token(slot: usize, part: usize) -> u64 {
     (slot as u64) << 32 | part as u64
 }
 
+/// The slot and part a queue token names ([`token`]'s inverse).
+fn slot_and_part(token: u64) -> (usize, usize) {
+    ((token >> 32) as usize, (token & 0xffff_ffff) as usize)
+}
+
 impl AsyncReads {
     pub(super) fn new(q: Box<dyn ReadQueue>, socket: std::os::fd::RawFd) -> Self {
         AsyncReads {
@@ -57,14 +60,13 @@ impl AsyncReads {
             socket,
             slots: Vec::new(),
             free: Vec::new(),
-            in_progress: 0,
             unsubmitted: false,
         }
     }
 
     /// READs started and not yet answered.
     pub(super) fn in_progress(&self) -> usize {
-        self.in_progress
+        self.slots.len() - self.free.len()
     }
 
     /// The connection's socket.
@@ -122,7 +124,6 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             held,
             failed: None,
         });
-        ar.in_progress += 1;
         let AsyncReads { q, slots, .. } = &mut *ar;
         let parts = &slots[slot].as_ref().expect("placed above").reply.parts;
         for (i, (off, range)) in parts.iter().enumerate() {
@@ -145,7 +146,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         q.poll();
         let mut complete: Vec<usize> = Vec::new();
         while q.take(&mut |token, res| {
-            let (slot, part) = ((token >> 32) as usize, (token & 0xffff_ffff) as usize);
+            let (slot, part) = slot_and_part(token);
             let Some(r) = slots.get_mut(slot).and_then(|s| s.as_mut()) else {
                 debug_assert!(false, "a read queue token we did not start");
                 return;
@@ -179,7 +180,6 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         for slot in complete {
             let r = ar.slots[slot].take().expect("a read in flight");
             ar.free.push(slot);
-            ar.in_progress -= 1;
             let mut reply = match r.failed {
                 Some(e) => Reply::new(self.error(&r.req, e.kind.nbd_errno(), &e.message), 0),
                 None => Reply {
