@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 if [ "${SERVER_KIND:-}" != flashpool ]; then echo "SKIP: drive checks need flashpool serve"; exit 0; fi
 new_workdir; trap cleanup EXIT
 FP="$TARGET/release/flashpool"
-SERVER_CMD="$FP serve --rebuild-delay 1 --drive-size 512M --volume-size 256M"
+SERVER_CMD="$FP serve --rebuild-delay 1 --drive-size 256M --volume-size 256M"
 export SERVER_CMD
 start_server
 JOB=(--name=loss --ioengine=nbd --uri="$URI_UNIX" --rw=randwrite --bsrange=4k-64k

@@ -33,7 +33,7 @@ build_server() {
 
 # A private work dir per check; removed on exit by the caller's trap.
 new_workdir() {
-    WORK=$(mktemp -d /tmp/nbd-e2e.XXXXXX)
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/nbd-e2e.XXXXXX")
     DATA=$WORK/data
     SOCK=$WORK/nbd.sock
     PORT=${PORT:-$((20000 + RANDOM % 20000))}

@@ -83,9 +83,10 @@ pub struct ServeArgs {
     /// Protection of a new pool: K data + M parity chunks per stripe (M = 0, 1 or 2).
     #[arg(long, default_value = "4+1", value_parser = parse_ec)]
     pub ec: (usize, usize),
-    /// Size of each drive file of a new pool.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub drive_size: u64,
+    /// Size of each drive file of a new pool [default: 1G, or what fits when the filesystem
+    /// under the data dir has less room for them].
+    #[arg(long, value_parser = parse_size)]
+    pub drive_size: Option<u64>,
     /// Size of the `default` volume of a new pool (thin).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub volume_size: u64,
@@ -380,7 +381,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             drives: a.drives.unwrap_or(5),
             k: a.ec.0,
             m: a.ec.1,
-            drive_size: a.drive_size,
+            drive_size: a.drive_size.unwrap_or(datadir::DEFAULT_DRIVE_SIZE),
+            drive_size_given: a.drive_size.is_some(),
             memory: a.memory || sim.is_some(),
             sparse: a.sparse,
             sim_real_time: sim.is_some() && a.sim_timing == "real",

@@ -34,6 +34,10 @@ pub struct PoolShape {
     pub k: usize,
     pub m: usize,
     pub drive_size: u64,
+    /// The user named `drive_size`: a new pool's drive files are that size or the pool is
+    /// refused. Otherwise, where the filesystem lacks room for drive files of the default size,
+    /// they are made as large as fits (`fitting_drive_size`).
+    pub drive_size_given: bool,
     /// Memory drives (for benchmarks): nothing is kept after exit.
     pub memory: bool,
     /// Leave new drive files sparse instead of allocating them.
@@ -50,7 +54,8 @@ impl Default for PoolShape {
             drives: 5,
             k: 4,
             m: 1,
-            drive_size: 1 << 30,
+            drive_size: DEFAULT_DRIVE_SIZE,
+            drive_size_given: false,
             memory: false,
             sparse: false,
             sim: None,
@@ -124,6 +129,21 @@ fn free_bytes(dir: &Path) -> Option<u64> {
         return None;
     }
     Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The size of a new pool's drive files when the user names none.
+pub const DEFAULT_DRIVE_SIZE: u64 = 1 << 30;
+
+/// The smallest drive file a pool is made of when the default size does not fit: below it
+/// creation is refused (a pool that small is no use, and the filesystem is nearly full).
+const MIN_FITTED_DRIVE_SIZE: u64 = 64 << 20;
+
+/// The size of `n` allocated drive files that fit in `free` bytes of a filesystem, leaving it a
+/// tenth of that room (at least 64 MiB) and rounded down to 16 MiB; `None` below 64 MiB.
+pub fn fitting_drive_size(free: u64, n: usize) -> Option<u64> {
+    let margin = (free / 10).max(64 << 20);
+    let size = free.saturating_sub(margin) / (n.max(1) as u64) / (16 << 20) * (16 << 20);
+    (size >= MIN_FITTED_DRIVE_SIZE).then_some(size)
 }
 
 /// Pool settings for drives of `drive_size` bytes: segments small enough that a small pool
@@ -523,15 +543,25 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
             n
         );
     }
+    let mut drive_size = shape.drive_size;
     if req.drives.is_empty() {
-        let total = shape.drive_size.saturating_mul(n as u64);
+        let total = drive_size.saturating_mul(n as u64);
         if let Some(free) = free_bytes(dir) {
+            let fitted = fitting_drive_size(free, n).filter(|_| !shape.drive_size_given);
             if free < total && shape.sparse {
                 tracing::warn!(
                     free_mib = free >> 20,
                     drives_mib = total >> 20,
                     "sparse drive files larger than the filesystem: writes get ENOSPC once it fills"
                 );
+            } else if let (true, Some(size)) = (free < total, fitted) {
+                tracing::warn!(
+                    free_mib = free >> 20,
+                    drive_mib = size >> 20,
+                    default_mib = drive_size >> 20,
+                    "the filesystem has no room for drive files of the default size: made smaller (--drive-size to choose)"
+                );
+                drive_size = size;
             } else if free < total {
                 bail!(
                     "{} has {} MiB free, the pool's drives would take up to {} MiB: use a smaller --drive-size",
@@ -545,7 +575,7 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
     let mut made: Vec<NewDrive> = Vec::new();
     let result = (|| -> Result<Pool> {
         for p in &paths {
-            made.push(prepare_drive(p, shape.drive_size, shape.sparse, req.force)?);
+            made.push(prepare_drive(p, drive_size, shape.sparse, req.force)?);
         }
         let drives: Vec<DriveRef> = made.iter().map(|d| d.drive.clone()).collect();
         let size = drives.iter().map(|d| d.info().size).min().unwrap_or(0);
@@ -633,4 +663,35 @@ pub fn replace_drive(
     };
     record_members(dir, pool)?;
     Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fitting_drive_size;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn fitted_drive_files_leave_the_filesystem_room_and_are_never_tiny() {
+        // The CI machine's case: 3446 MiB free, five drives: a tenth kept, 16 MiB multiples.
+        assert_eq!(fitting_drive_size(3446 * MIB, 5), Some(608 * MIB));
+        for free_mib in [0, 1, 64, 100, 383, 384, 400, 1000, 5120, 10 << 10, 1 << 20] {
+            for n in [1, 3, 5, 8, 24] {
+                let free = free_mib * MIB;
+                match fitting_drive_size(free, n) {
+                    Some(size) => {
+                        assert!(size >= 64 * MIB && size % (16 * MIB) == 0, "{free_mib} {n}");
+                        let left = free - size * n as u64;
+                        assert!(left >= free / 10 && left >= 64 * MIB, "{free_mib} {n}");
+                    }
+                    // Refused only where 64 MiB drives would leave less than the margin.
+                    None => assert!(
+                        free < 64 * MIB * n as u64 + (free / 10).max(64 * MIB),
+                        "{free_mib} {n}"
+                    ),
+                }
+            }
+        }
+        assert_eq!(fitting_drive_size(96 * MIB, 5), None);
+    }
 }

@@ -287,7 +287,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     switch!(force);
     switch!(sparse);
     set!(ec);
-    set!(drive_size);
+    set!(drive_size, Some);
     set!(volume_size);
     switch!(memory);
     set!(sim_drives, Some);
@@ -362,7 +362,7 @@ mod tests {
             a.drive,
             vec![PathBuf::from("/etc/fp/a.img"), PathBuf::from("/dev/b")]
         );
-        assert_eq!(a.drive_size, 64 << 20);
+        assert_eq!(a.drive_size, Some(64 << 20));
         assert_eq!(a.volume_size, 1 << 20);
         assert_eq!(a.ec, (2, 1));
         assert_eq!(a.rebuild_reserve, "off");
