@@ -98,6 +98,11 @@ counters! {
     unaligned_merge_read_bytes,
     /// Stripes written.
     stripes_written,
+    /// Chunks of stripes issued to drives.
+    chunk_writes,
+    /// Drive write operations those chunks took: fewer than `chunk_writes` where a drive's
+    /// chunks of consecutive stripes went out as one gathered write.
+    drive_writes,
     /// Stripes written at full width.
     full_stripes,
     /// Stripes written narrower than full width (by a flush) or metadata-only.

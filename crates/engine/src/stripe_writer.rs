@@ -71,13 +71,27 @@ pub(crate) fn start(inner: &Arc<Inner>, n: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The most sealed stripes one writer takes at once: with 128 KiB chunks, a drive's chunks of
+/// consecutive stripes make writes of up to 512 KiB.
+pub(crate) const MAX_STRIPES_PER_WRITE: usize = 4;
+
 fn run(pool: Weak<Inner>, q: Arc<StripeQueue>) {
     loop {
-        let job = {
+        let jobs = {
             let mut jobs = q.jobs.lock();
             loop {
-                if let Some(j) = jobs.pop_front() {
-                    break j;
+                if let Some(first) = jobs.pop_front() {
+                    // Stripes queued behind it in the same segment follow it on the drives:
+                    // taken together, their chunks go out as one write per drive. A queue
+                    // only builds when the drives lag, so an idle pool writes each stripe
+                    // as soon as it is sealed.
+                    let mut taken = vec![first];
+                    while taken.len() < MAX_STRIPES_PER_WRITE
+                        && jobs.front().is_some_and(|j| j.segment == taken[0].segment)
+                    {
+                        taken.extend(jobs.pop_front());
+                    }
+                    break taken;
                 }
                 if q.stop.load(Ordering::SeqCst) || pool.strong_count() == 0 {
                     return;
@@ -88,6 +102,6 @@ fn run(pool: Weak<Inner>, q: Arc<StripeQueue>) {
         let Some(inner) = pool.upgrade() else { return };
         // Failures are recorded by `write_stripe` (the pool's first error, drive failures,
         // a full host filesystem) for flushes and host writes to report.
-        let _ = inner.write_stripe(job);
+        let _ = inner.write_stripes(jobs);
     }
 }

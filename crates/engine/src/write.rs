@@ -15,7 +15,7 @@ use crate::layout::{SegmentTable, Stream};
 use crate::map::{Entry, SEQ_MASK};
 use crate::pool::{Inner, VolumeState, WriterState};
 use crate::stats::Stats;
-use crate::stripe::{OpenStripe, SealedStripe, StripeBuf};
+use crate::stripe::{ChunkWrite, OpenStripe, SealedStripe, StripeBuf};
 use crate::volume::VolumeInfo;
 use parking_lot::RwLock;
 use std::sync::atomic::Ordering;
@@ -84,81 +84,167 @@ impl Inner {
     }
 
     /// Encodes and writes a sealed stripe, then publishes its blocks' media locations.
-    pub(crate) fn write_stripe(&self, mut s: SealedStripe) -> Result<()> {
-        let writes = match s.encode(&*self.codec) {
-            Ok(w) => w,
-            Err(e) => {
-                self.record_failure(format!("encoding stripe {}: {e}", s.seq));
-                self.complete(&s);
-                return Err(e);
+    pub(crate) fn write_stripe(&self, s: SealedStripe) -> Result<()> {
+        self.write_stripes(vec![s])
+            .pop()
+            .expect("one result per stripe")
+    }
+
+    /// Encodes and writes sealed stripes in one batch, then publishes each one's blocks'
+    /// media locations; returns each stripe's result, in the order given. Chunks that follow
+    /// one another on a drive (consecutive stripes of a segment, which the stripe writers hand
+    /// over together when stripes queue up) go out as one gathered write: fewer, larger
+    /// drive writes.
+    pub(crate) fn write_stripes(&self, stripes: Vec<SealedStripe>) -> Vec<Result<()>> {
+        let mut results: Vec<Option<Result<()>>> = (0..stripes.len()).map(|_| None).collect();
+        let mut encoded: Vec<(usize, SealedStripe, Vec<ChunkWrite>)> = Vec::new();
+        for (i, mut s) in stripes.into_iter().enumerate() {
+            match s.encode(&*self.codec) {
+                Ok(w) => encoded.push((i, s, w)),
+                Err(e) => {
+                    self.record_failure(format!("encoding stripe {}: {e}", s.seq));
+                    self.complete(&s);
+                    results[i] = Some(Err(e));
+                }
             }
+        }
+        let outcomes = self.write_chunks(&encoded);
+        for ((i, s, writes), outcome) in encoded.into_iter().zip(outcomes) {
+            results[i] = Some(self.finish_stripe(s, &writes, outcome));
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every stripe finished"))
+            .collect()
+    }
+
+    /// Issues the chunk writes of `stripes` as one batch, a drive's adjacent chunks merged
+    /// into one gathered write; returns each chunk's outcome, by stripe (None: its drive is
+    /// out of service, nothing was issued).
+    fn write_chunks(
+        &self,
+        stripes: &[(usize, SealedStripe, Vec<ChunkWrite>)],
+    ) -> Vec<Vec<Option<std::io::Result<()>>>> {
+        let guards: Vec<_> = stripes.iter().map(|(_, s, _)| s.buf.data.read()).collect();
+        let targets: Vec<Option<DriveRef>> =
+            self.drives.iter().map(|d| d.usable().cloned()).collect();
+        // (drive, offset, stripe, chunk) of every write to issue, in drive and offset order.
+        let mut order: Vec<(u16, u64, usize, usize)> = Vec::new();
+        for (si, (_, _, writes)) in stripes.iter().enumerate() {
+            for (ci, cw) in writes.iter().enumerate() {
+                if targets[cw.drive as usize].is_some() {
+                    order.push((cw.drive, cw.offset, si, ci));
+                }
+            }
+        }
+        order.sort_unstable();
+        let slice = |si: usize, ci: usize| -> &[u8] {
+            let cw = &stripes[si].2[ci];
+            let buf = guards[si].as_ref().expect("sealed stripe owns its buffer");
+            &buf[cw.pos..cw.pos + cw.len]
         };
+        // Runs of writes that continue one another on one drive: one operation each.
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        for (j, &(drive, offset, _, _)) in order.iter().enumerate() {
+            let joins = runs.last().is_some_and(|r| {
+                let (d, o, psi, pci) = order[j - 1];
+                d == drive
+                    && o + stripes[psi].2[pci].len as u64 == offset
+                    && r.len() < batch::MAX_GATHER
+            });
+            if joins {
+                runs.last_mut().expect("a run").end = j + 1;
+            } else {
+                runs.push(j..j + 1);
+            }
+        }
+        let mut items: Vec<BatchItem> = runs
+            .iter()
+            .map(|r| {
+                let (drive, offset, si, ci) = order[r.start];
+                let d = &**targets[drive as usize].as_ref().expect("usable drive");
+                if r.len() == 1 {
+                    BatchItem::write(d, offset, slice(si, ci))
+                } else {
+                    let bufs = order[r.clone()]
+                        .iter()
+                        .map(|&(_, _, si, ci)| slice(si, ci))
+                        .collect();
+                    BatchItem::write_gather(d, offset, bufs)
+                }
+            })
+            .collect();
+        let done = batch::run(&mut items);
+        drop(items);
+        Stats::add(&self.stats.chunk_writes, order.len() as u64);
+        Stats::add(&self.stats.drive_writes, runs.len() as u64);
+        let mut out: Vec<Vec<Option<std::io::Result<()>>>> = stripes
+            .iter()
+            .map(|(_, _, w)| (0..w.len()).map(|_| None).collect())
+            .collect();
+        for (r, res) in runs.iter().zip(done) {
+            for &(_, _, si, ci) in &order[r.clone()] {
+                out[si][ci] = Some(match &res {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(copy_error(e)),
+                });
+            }
+        }
+        out
+    }
+
+    /// Accounts for the outcome of a stripe's chunk writes (failed drives, a full host
+    /// filesystem, the media counters), then publishes its blocks.
+    fn finish_stripe(
+        &self,
+        mut s: SealedStripe,
+        writes: &[ChunkWrite],
+        outcome: Vec<Option<std::io::Result<()>>>,
+    ) -> Result<()> {
         let mut lost = 0;
         let mut host_full = false;
-        {
-            let guard = s.buf.data.read();
-            let buf = guard.as_ref().expect("sealed stripe owns its buffer");
-            // Every chunk of the stripe goes out at once: one batch over all its drives.
-            let targets: Vec<_> = writes
-                .iter()
-                .map(|cw| self.drives[cw.drive as usize].usable().cloned())
-                .collect();
-            let mut items: Vec<BatchItem> = writes
-                .iter()
-                .zip(&targets)
-                .filter_map(|(cw, t)| {
-                    t.as_ref()
-                        .map(|d| BatchItem::write(&**d, cw.offset, &buf[cw.pos..cw.pos + cw.len]))
-                })
-                .collect();
-            let mut done = batch::run(&mut items).into_iter();
-            drop(items);
-            for (cw, t) in writes.iter().zip(&targets) {
-                let d = cw.drive as usize;
-                let res = match t {
-                    Some(_) => done.next().expect("one result per write"),
-                    None => Err(std::io::Error::other("drive failed")),
-                };
-                match res {
-                    Ok(()) => {
-                        let st = &self.stats;
-                        Stats::add(&st.media_metadata_bytes, cw.hdr as u64);
-                        let body = (cw.len - cw.hdr) as u64;
-                        if s.kind == StripeKind::Checkpoint {
-                            Stats::add(&st.media_metadata_bytes, body);
-                            Stats::add(&st.media_checkpoint_bytes, cw.len as u64);
-                        } else if cw.parity {
-                            Stats::add(&st.media_parity_bytes, body);
-                        } else {
-                            // Packing tails of this chunk count as padding, the rest as data.
-                            let pad = (s.padding as u64).min(body);
-                            s.padding -= pad as usize;
-                            Stats::add(&st.media_padding_bytes, pad);
-                            Stats::add(&st.media_data_bytes, body - pad);
-                        }
+        for (cw, res) in writes.iter().zip(outcome) {
+            let d = cw.drive as usize;
+            let res = res.unwrap_or_else(|| Err(std::io::Error::other("drive failed")));
+            match res {
+                Ok(()) => {
+                    let st = &self.stats;
+                    Stats::add(&st.media_metadata_bytes, cw.hdr as u64);
+                    let body = (cw.len - cw.hdr) as u64;
+                    if s.kind == StripeKind::Checkpoint {
+                        Stats::add(&st.media_metadata_bytes, body);
+                        Stats::add(&st.media_checkpoint_bytes, cw.len as u64);
+                    } else if cw.parity {
+                        Stats::add(&st.media_parity_bytes, body);
+                    } else {
+                        // Packing tails of this chunk count as padding, the rest as data.
+                        let pad = (s.padding as u64).min(body);
+                        s.padding -= pad as usize;
+                        Stats::add(&st.media_padding_bytes, pad);
+                        Stats::add(&st.media_data_bytes, body - pad);
                     }
-                    Err(e) => {
-                        lost += 1;
-                        self.drives[d].missed.lock().insert(s.segment);
-                        if self.drives[d].drive.is_some()
-                            && !self.drives[d].failed.load(Ordering::Relaxed)
-                        {
-                            Stats::add(&self.stats.write_errors, 1);
-                        }
-                        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
-                            // The filesystem under a file drive is full (a sparse drive file):
-                            // the drive is healthy, so it stays in service. Its chunk is
-                            // missing; reads rebuild it and queue the segment for repair.
-                            host_full = true;
-                            self.needs_repair.lock().insert(s.segment);
-                            tracing::error!(
-                                drive = d,
-                                error = %e,
-                                "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
-                            );
-                        } else {
-                            self.fail_drive(d, &e);
-                        }
+                }
+                Err(e) => {
+                    lost += 1;
+                    self.drives[d].missed.lock().insert(s.segment);
+                    if self.drives[d].drive.is_some()
+                        && !self.drives[d].failed.load(Ordering::Relaxed)
+                    {
+                        Stats::add(&self.stats.write_errors, 1);
+                    }
+                    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                        // The filesystem under a file drive is full (a sparse drive file):
+                        // the drive is healthy, so it stays in service. Its chunk is
+                        // missing; reads rebuild it and queue the segment for repair.
+                        host_full = true;
+                        self.needs_repair.lock().insert(s.segment);
+                        tracing::error!(
+                            drive = d,
+                            error = %e,
+                            "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
+                        );
+                    } else {
+                        self.fail_drive(d, &e);
                     }
                 }
             }
@@ -646,5 +732,14 @@ impl Inner {
         }
         self.wait_written(target)?;
         self.flush_drives()
+    }
+}
+
+/// The same error again, for each chunk of a gathered write that failed (the OS error code
+/// kept: a full host filesystem is told apart by it).
+fn copy_error(e: &std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::new(e.kind(), e.to_string()),
     }
 }

@@ -413,6 +413,8 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("write_preread_bytes", "Bytes read from the drives to complete a host write of whole blocks (read-modify-write; none by design)."),
     ("unaligned_merge_read_bytes", "Bytes read to merge a sub-4 KiB or unaligned host write into its block."),
     ("stripes_written", "Stripes written."),
+    ("chunk_writes", "Chunks of stripes issued to the drives."),
+    ("drive_writes", "Drive write operations those chunks took (fewer where a drive's chunks of consecutive stripes went out as one write)."),
     ("full_stripes", "Stripes written at full width."),
     ("partial_stripes", "Stripes written narrower than full width (by a flush) or holding metadata only."),
     ("flushes", "Pool flushes completed."),

@@ -26,6 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Submission queue entries per thread's ring; a larger batch goes in waves.
 const RING_ENTRIES: u32 = 128;
 
+/// The most buffers one gathered write may have (the kernel's `IOV_MAX`).
+pub const MAX_GATHER: usize = 1024;
+
 /// A drive that is a file descriptor the batch may drive directly.
 #[derive(Clone, Copy, Debug)]
 pub struct FdTarget {
@@ -46,6 +49,13 @@ pub enum IoOp<'a> {
     Write {
         offset: u64,
         buf: &'a [u8],
+    },
+    /// `bufs` written one after another from `offset`: chunks that follow one another on a
+    /// drive (consecutive stripes of a segment) in one operation, a vectored write on a ring
+    /// (the drive's own writes, one per buffer, otherwise).
+    WriteGather {
+        offset: u64,
+        bufs: Vec<&'a [u8]>,
     },
     /// Makes the drive's completed writes durable (fdatasync).
     Flush,
@@ -70,6 +80,12 @@ impl<'a> BatchItem<'a> {
             op: IoOp::Write { offset, buf },
         }
     }
+    pub fn write_gather(drive: &'a dyn Drive, offset: u64, bufs: Vec<&'a [u8]>) -> Self {
+        BatchItem {
+            drive,
+            op: IoOp::WriteGather { offset, bufs },
+        }
+    }
     pub fn flush(drive: &'a dyn Drive) -> Self {
         BatchItem {
             drive,
@@ -82,6 +98,15 @@ impl<'a> BatchItem<'a> {
         match &mut self.op {
             IoOp::Read { offset, buf } => self.drive.read_at(*offset, buf),
             IoOp::Write { offset, buf } => self.drive.write_at(*offset, buf),
+            IoOp::WriteGather { offset, bufs } => {
+                gather_len(bufs)?;
+                let mut at = *offset;
+                for b in bufs.iter() {
+                    self.drive.write_at(at, b)?;
+                    at += b.len() as u64;
+                }
+                Ok(())
+            }
             IoOp::Flush => self.drive.flush(),
         }
     }
@@ -169,11 +194,19 @@ fn with_ring<T>(f: impl FnOnce(Option<&mut IoUring>) -> T) -> T {
     })
 }
 
-/// A ring operation in flight: its item's index and the aligned copy of its buffer, if the
-/// caller's could not be used under O_DIRECT.
+/// A ring operation in flight: its item's index, the aligned copy of its buffer if the
+/// caller's could not be used under O_DIRECT, and a gathered write's vector.
 struct InFlight {
     item: usize,
+    keep: Keep,
+}
+
+/// What a submitted operation needs kept alive and unmoved until it completes.
+struct Keep {
     bounce: Option<AlignedBuf>,
+    /// A gathered write's buffers as the kernel reads them (a boxed slice: its heap
+    /// allocation does not move with the `InFlight`); held, never read here.
+    _iov: Option<Box<[libc::iovec]>>,
     len: usize,
 }
 
@@ -256,10 +289,11 @@ fn run_on_ring(
             let prepared = prepare(&mut items[i], t, flight.len() as u64);
             match prepared {
                 Err(e) => results[i] = Some(Err(e)),
-                Ok((sqe, bounce, len)) => {
-                    // SAFETY: the entry points at `items[i]`'s buffer or at `bounce`, both of
-                    // which stay alive and unmoved (the bounce buffer's heap allocation does not
-                    // move with the `InFlight`) until its completion is reaped below, before
+                Ok((sqe, keep)) => {
+                    // SAFETY: the entry points at `items[i]`'s buffers, at `keep.bounce` or at
+                    // `keep.iov` (which points at `items[i]`'s buffers), all of which stay alive
+                    // and unmoved (the heap allocations of the bounce buffer and the vector do
+                    // not move with the `InFlight`) until its completion is reaped below, before
                     // this function returns; the queue has room (a wave is at most the ring's
                     // size and every earlier wave was fully reaped).
                     let pushed = unsafe { ring.submission().push(&sqe) };
@@ -268,11 +302,7 @@ fn run_on_ring(
                         results[i] = Some(items[i].run_sync());
                         continue;
                     }
-                    flight.push(InFlight {
-                        item: i,
-                        bounce,
-                        len,
-                    });
+                    flight.push(InFlight { item: i, keep });
                 }
             }
         }
@@ -310,14 +340,12 @@ fn run_on_ring(
                 let item = &mut items[f.item];
                 results[f.item] = Some(if res < 0 {
                     Err(io::Error::from_raw_os_error(-res))
-                } else if (res as usize) < f.len && !matches!(item.op, IoOp::Flush) {
+                } else if (res as usize) < f.keep.len && !matches!(item.op, IoOp::Flush) {
                     // A short transfer: redo the whole operation synchronously (reads and
                     // writes of whole blocks are idempotent).
-                    item.run_sync().map(|_| {
-                        f.bounce = None;
-                    })
+                    item.run_sync()
                 } else {
-                    if let (IoOp::Read { buf, .. }, Some(b)) = (&mut item.op, &f.bounce) {
+                    if let (IoOp::Read { buf, .. }, Some(b)) = (&mut item.op, &f.keep.bounce) {
                         buf.copy_from_slice(&b[..buf.len()]);
                     }
                     Ok(())
@@ -328,13 +356,18 @@ fn run_on_ring(
     }
 }
 
-/// The submission entry of one operation (and its bounce buffer, and its length).
+/// The submission entry of one operation and what it needs kept.
 fn prepare(
     item: &mut BatchItem<'_>,
     t: FdTarget,
     user_data: u64,
-) -> io::Result<(io_uring::squeue::Entry, Option<AlignedBuf>, usize)> {
+) -> io::Result<(io_uring::squeue::Entry, Keep)> {
     let fd = types::Fd(t.fd);
+    let keep = |bounce, len| Keep {
+        bounce,
+        _iov: None,
+        len,
+    };
     Ok(match &mut item.op {
         IoOp::Read { offset, buf } => {
             check_io(*offset, buf.len(), t.size)?;
@@ -349,7 +382,7 @@ fn prepare(
                 .offset(*offset)
                 .build()
                 .user_data(user_data);
-            (sqe, bounce, len)
+            (sqe, keep(bounce, len))
         }
         IoOp::Write { offset, buf } => {
             check_io(*offset, buf.len(), t.size)?;
@@ -365,16 +398,73 @@ fn prepare(
                 .offset(*offset)
                 .build()
                 .user_data(user_data);
-            (sqe, bounce, len)
+            (sqe, keep(bounce, len))
+        }
+        IoOp::WriteGather { offset, bufs } => {
+            let len = gather_len(bufs)?;
+            check_io(*offset, len, t.size)?;
+            if t.direct && bufs.iter().any(|b| !is_aligned(b.as_ptr())) {
+                let mut b = AlignedBuf::zeroed(len);
+                let mut at = 0;
+                for p in bufs.iter() {
+                    b[at..at + p.len()].copy_from_slice(p);
+                    at += p.len();
+                }
+                let sqe = opcode::Write::new(fd, b.as_ptr(), len as u32)
+                    .offset(*offset)
+                    .build()
+                    .user_data(user_data);
+                (sqe, keep(Some(b), len))
+            } else {
+                let iov: Box<[libc::iovec]> = bufs
+                    .iter()
+                    .map(|b| libc::iovec {
+                        iov_base: b.as_ptr() as *mut libc::c_void,
+                        iov_len: b.len(),
+                    })
+                    .collect();
+                let sqe = opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32)
+                    .offset(*offset)
+                    .build()
+                    .user_data(user_data);
+                let keep = Keep {
+                    bounce: None,
+                    _iov: Some(iov),
+                    len,
+                };
+                (sqe, keep)
+            }
         }
         IoOp::Flush => {
             let sqe = opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build()
                 .user_data(user_data);
-            (sqe, None, 0)
+            (sqe, keep(None, 0))
         }
     })
+}
+
+/// The length of a gathered write, whose every buffer must be whole blocks (the kernel
+/// rejects an O_DIRECT vector with a misaligned length) and whose vector fits the kernel's.
+fn gather_len(bufs: &[&[u8]]) -> io::Result<usize> {
+    if bufs.is_empty() || bufs.len() > MAX_GATHER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a gathered write of {} buffers", bufs.len()),
+        ));
+    }
+    let mut len = 0usize;
+    for b in bufs {
+        if !b.len().is_multiple_of(crate::aligned::ALIGN) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a gathered write's buffer of {} bytes", b.len()),
+            ));
+        }
+        len += b.len();
+    }
+    Ok(len)
 }
 
 #[cfg(test)]
@@ -442,6 +532,56 @@ mod tests {
         let mut s = AlignedBuf::zeroed(8192);
         files[1].read_at(0, &mut s).unwrap();
         assert_eq!(&s[..], &datas[1][..]);
+    }
+
+    #[test]
+    fn gathered_writes_land_their_buffers_back_to_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = FileDrive::create(&dir.path().join("d"), 1 << 20).unwrap();
+        let mem = MemDrive::new(1 << 20, "mem:0");
+        let datas: Vec<Vec<u8>> = (0..6).map(|i| pattern(i as u8 + 40, 8192)).collect();
+        // Aligned buffers (a vectored write on a ring) and, for the second write of each
+        // drive, one unaligned among them (bounced whole under O_DIRECT).
+        let aligned: Vec<AlignedBuf> = datas
+            .iter()
+            .map(|d| {
+                let mut b = AlignedBuf::zeroed(d.len());
+                b.copy_from_slice(d);
+                b
+            })
+            .collect();
+        let mut shifted = vec![0u8; 8192 + 1];
+        shifted[1..].copy_from_slice(&datas[5]);
+        for d in [&file as &dyn Drive, &mem] {
+            let mut items = vec![
+                BatchItem::write_gather(d, 0, aligned[..3].iter().map(|b| &b[..]).collect()),
+                BatchItem::write_gather(
+                    d,
+                    65536,
+                    vec![&aligned[3][..], &aligned[4][..], &shifted[1..]],
+                ),
+                // A buffer not whole blocks, no buffers, past the end: refused.
+                BatchItem::write_gather(d, 131072, vec![&aligned[0][..100]]),
+                BatchItem::write_gather(d, 131072, vec![]),
+                BatchItem::write_gather(
+                    d,
+                    (1 << 20) - 8192,
+                    vec![&aligned[0][..], &aligned[1][..]],
+                ),
+            ];
+            let res = run(&mut items);
+            drop(items);
+            assert!(res[..2].iter().all(|r| r.is_ok()), "{res:?}");
+            for r in &res[2..] {
+                assert_eq!(r.as_ref().unwrap_err().kind(), io::ErrorKind::InvalidInput);
+            }
+            let mut back = AlignedBuf::zeroed(3 * 8192);
+            d.read_at(0, &mut back).unwrap();
+            assert_eq!(&back[..], &datas[..3].concat()[..]);
+            d.read_at(65536, &mut back).unwrap();
+            assert_eq!(&back[..], &datas[3..].concat()[..]);
+        }
+        eprintln!("io_uring in use: {}", uring_active());
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! Stripes that queue up for the stripe writers go out together: a drive's chunks of
+//! consecutive stripes as one gathered write (a vectored write on the io_uring of file
+//! drives). What must hold: the merge happens when the drives lag, every block reads back
+//! (now and after a reopen), and a gathered write that fails loses each of its chunks on that
+//! drive only, which parity covers.
+
+mod common;
+
+use common::*;
+use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, MemDrive};
+use flashpool_engine::{Compression, Pool, PoolConfig};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A memory drive whose writes wait while its gate is closed, and fail while `fail` is set.
+struct GatedDrive {
+    inner: MemDrive,
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Writes waiting at the gate now.
+    waiting: AtomicUsize,
+    fail: AtomicBool,
+}
+
+impl GatedDrive {
+    fn new(name: &str) -> Arc<Self> {
+        Arc::new(GatedDrive {
+            inner: MemDrive::new(DRIVE_SIZE, name),
+            closed: Mutex::new(false),
+            cv: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+            fail: AtomicBool::new(false),
+        })
+    }
+
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+}
+
+impl Drive for GatedDrive {
+    fn info(&self) -> DriveInfo {
+        self.inner.info()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        {
+            let mut closed = self.closed.lock().unwrap();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while *closed {
+                closed = self.cv.wait(closed).unwrap();
+            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn config() -> PoolConfig {
+    PoolConfig {
+        // No checkpoint during the test's writes (its stripes would sit in the queue too).
+        checkpoint_interval: 64 << 20,
+        ..small_config(4, 1)
+    }
+}
+
+/// Writes `blocks` blocks of `seed`'s data from another thread while `gate` holds the stripe
+/// writer's first batch, until the writer thread stops getting anywhere (every stripe buffer
+/// sealed and queued); then opens the gate and waits for the writes.
+fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &GatedDrive, blocks: u64, seed: u64) {
+    gate.set_closed(true);
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let v = pool.volume("v").unwrap();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for lba in 0..blocks {
+                v.write(lba * 4096, &noise(4096, seed ^ lba)).unwrap();
+                done.store(lba + 1, Ordering::SeqCst);
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = (u64::MAX, Instant::now());
+    loop {
+        assert!(Instant::now() < deadline, "the writer never settled");
+        let now = done.load(Ordering::SeqCst);
+        if now == blocks {
+            break; // everything fit in the buffers: the queue is as long as it gets
+        }
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if gate.waiting.load(Ordering::SeqCst) > 0
+            && last.1.elapsed() > Duration::from_millis(200)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    gate.set_closed(false);
+    writer.join().unwrap();
+}
+
+fn check_all(pool: &Pool, blocks: u64, seed: u64) {
+    let v = pool.volume("v").unwrap();
+    let mut b = vec![0u8; 4096];
+    for lba in 0..blocks {
+        v.read(lba * 4096, &mut b).unwrap();
+        assert!(b == noise(4096, seed ^ lba), "block {lba} differs");
+    }
+}
+
+#[test]
+fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
+    let seed = test_seed("gathered_writes", 11);
+    let dir = tempfile::tempdir().unwrap();
+    // Four file drives (their writes go through io_uring where it runs) and a memory drive
+    // that holds the stripe writer's batches at its gate.
+    let files = file_drives(dir.path(), 4);
+    let gate = GatedDrive::new("mem:gated");
+    let mut drives = files.clone();
+    drives.push(gate.clone() as DriveRef);
+    let pool = Arc::new(Pool::create(drives, &config()).unwrap());
+    pool.create_volume_with("v", 16 << 20, Compression::Off)
+        .unwrap();
+    pool.start_stripe_writers(1).unwrap();
+    let before = pool.stats();
+    // 40 stripes of 64 KiB: more than the stripe buffers, all in the volume's first segments.
+    let blocks = 40 * 16;
+    write_behind_a_closed_gate(&pool, &gate, blocks, seed);
+    pool.flush().unwrap();
+    let s = pool.stats();
+    let chunks = s.chunk_writes - before.chunk_writes;
+    let ops = s.drive_writes - before.drive_writes;
+    eprintln!("{chunks} chunk writes in {ops} drive writes");
+    assert!(chunks >= 40 * 5, "{chunks} chunks for 40 stripes");
+    assert!(
+        ops * 3 < chunks * 2,
+        "queued stripes were not merged: {chunks} chunks in {ops} drive writes"
+    );
+    check_all(&pool, blocks, seed);
+    drop(pool);
+    let mut again = reopen_files(dir.path(), 4);
+    again.push(gate.clone() as DriveRef);
+    let pool = Pool::open(again).unwrap();
+    check_all(&pool, blocks, seed);
+}
+
+#[test]
+fn a_failed_gathered_write_loses_its_chunks_on_that_drive_only() {
+    let seed = test_seed("gathered_write_fails", 12);
+    let mems = mem_drives(4, false);
+    let gate = GatedDrive::new("mem:gated");
+    let mut drives = as_refs(&mems);
+    drives.push(gate.clone() as DriveRef);
+    let pool = Arc::new(Pool::create(drives, &config()).unwrap());
+    pool.create_volume_with("v", 16 << 20, Compression::Off)
+        .unwrap();
+    pool.start_stripe_writers(1).unwrap();
+    // Every write of the gated drive fails once the gate opens: its gathered writes too.
+    gate.fail.store(true, Ordering::SeqCst);
+    let before = pool.stats();
+    let blocks = 40 * 16;
+    write_behind_a_closed_gate(&pool, &gate, blocks, seed);
+    pool.flush().unwrap();
+    let s = pool.stats();
+    assert!(
+        s.drive_writes - before.drive_writes < s.chunk_writes - before.chunk_writes,
+        "no write was gathered"
+    );
+    let states: Vec<&str> = pool.drives().iter().map(|d| d.state).collect();
+    assert_eq!(states, ["active", "active", "active", "active", "failed"]);
+    check_all(&pool, blocks, seed);
+}
