@@ -40,6 +40,13 @@ for _ in $(seq 100); do [ -S "$pool/nbd.sock" ] && break; sleep 0.1; done
 fio --name=cp --rw=write --bs=1M --iodepth=8 --ioengine=nbd \
     --uri="nbd+unix:///default?socket=$pool/nbd.sock" --size=3G --output-format=json \
     >"$pool/fio.json"
+# How many chunk writes the stripe writers merged into one drive write (queued stripes).
+"$fp" status --data "$pool/data" --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["counters"]
+print("chunk writes %d in %d drive writes (%.2f chunks per write)" % (
+    c["chunk_writes"], c["drive_writes"], c["chunk_writes"] / max(1, c["drive_writes"])))
+' | tee "$out/gathered.txt" || true
 kill $srv
 wait $srv 2>/dev/null || true
 python3 - "$pool/fio.json" <<'PY' | tee "$out/checkpoint.txt"

@@ -67,6 +67,9 @@ impl Drive for GatedDrive {
     }
 }
 
+/// Blocks of one full stripe of `config()`: 4 data chunks of 16 KiB.
+const STRIPE_BLOCKS: u64 = 16;
+
 fn config() -> PoolConfig {
     PoolConfig {
         // No checkpoint during the test's writes (its stripes would sit in the queue too).
@@ -76,8 +79,9 @@ fn config() -> PoolConfig {
 }
 
 /// Writes `blocks` blocks of `seed`'s data from another thread while `gate` holds the stripe
-/// writer's first batch, until the writer thread stops getting anywhere (every stripe buffer
-/// sealed and queued); then opens the gate and waits for the writes.
+/// writer's first batch, until the writer thread has sealed six stripes (so at least five
+/// wait in the queue) and stops getting anywhere (every stripe buffer in use); then opens the
+/// gate and waits for the writes.
 fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &GatedDrive, blocks: u64, seed: u64) {
     gate.set_closed(true);
     let done = Arc::new(AtomicU64::new(0));
@@ -102,6 +106,7 @@ fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &GatedDrive, blocks: u64, 
         if now != last.0 {
             last = (now, Instant::now());
         } else if gate.waiting.load(Ordering::SeqCst) > 0
+            && now >= 6 * STRIPE_BLOCKS
             && last.1.elapsed() > Duration::from_millis(200)
         {
             break;
@@ -137,7 +142,7 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     pool.start_stripe_writers(1).unwrap();
     let before = pool.stats();
     // 40 stripes of 64 KiB: more than the stripe buffers, all in the volume's first segments.
-    let blocks = 40 * 16;
+    let blocks = 40 * STRIPE_BLOCKS;
     write_behind_a_closed_gate(&pool, &gate, blocks, seed);
     pool.flush().unwrap();
     let s = pool.stats();
@@ -145,8 +150,10 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     let ops = s.drive_writes - before.drive_writes;
     eprintln!("{chunks} chunk writes in {ops} drive writes");
     assert!(chunks >= 40 * 5, "{chunks} chunks for 40 stripes");
+    // Five stripes or more were queued when the gate opened: the writer took them in one or
+    // two batches (a segment boundary may split them), which saves five drive writes at least.
     assert!(
-        ops * 3 < chunks * 2,
+        ops + 5 <= chunks,
         "queued stripes were not merged: {chunks} chunks in {ops} drive writes"
     );
     check_all(&pool, blocks, seed);
@@ -171,12 +178,12 @@ fn a_failed_gathered_write_loses_its_chunks_on_that_drive_only() {
     // Every write of the gated drive fails once the gate opens: its gathered writes too.
     gate.fail.store(true, Ordering::SeqCst);
     let before = pool.stats();
-    let blocks = 40 * 16;
+    let blocks = 40 * STRIPE_BLOCKS;
     write_behind_a_closed_gate(&pool, &gate, blocks, seed);
     pool.flush().unwrap();
     let s = pool.stats();
     assert!(
-        s.drive_writes - before.drive_writes < s.chunk_writes - before.chunk_writes,
+        s.drive_writes - before.drive_writes + 5 <= s.chunk_writes - before.chunk_writes,
         "no write was gathered"
     );
     let states: Vec<&str> = pool.drives().iter().map(|d| d.state).collect();
