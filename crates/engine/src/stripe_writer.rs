@@ -9,7 +9,10 @@
 //! writer has one stripe on the drives and one waiting while appenders fill others. A write
 //! completes before it is durable either way; a stripe that fails on its drives is recorded for
 //! the next flush (and host writes) to see, exactly as when the appender wrote it:
-//! `Inner::write_stripe` does the bookkeeping in both.
+//! `Inner::write_stripes` does the bookkeeping in both. When stripes queue up (the drives lag
+//! the appenders), a writer takes up to `MAX_STRIPES_PER_WRITE` of one segment at once and
+//! their chunks go to each drive as one gathered write; the stripes it holds then are
+//! buffers the appenders wait for, as any queued stripe's are.
 
 use crate::error::Result;
 use crate::pool::Inner;
@@ -100,7 +103,7 @@ fn run(pool: Weak<Inner>, q: Arc<StripeQueue>) {
             }
         };
         let Some(inner) = pool.upgrade() else { return };
-        // Failures are recorded by `write_stripe` (the pool's first error, drive failures,
+        // Failures are recorded by `write_stripes` (the pool's first error, drive failures,
         // a full host filesystem) for flushes and host writes to report.
         let _ = inner.write_stripes(jobs);
     }
