@@ -33,11 +33,10 @@ pub struct PoolShape {
     pub drives: usize,
     pub k: usize,
     pub m: usize,
-    pub drive_size: u64,
-    /// The user named `drive_size`: a new pool's drive files are that size or the pool is
-    /// refused. Otherwise, where the filesystem lacks room for drive files of the default size,
-    /// they are made as large as fits (`fitting_drive_size`).
-    pub drive_size_given: bool,
+    /// The size the user named: a new pool's drive files are that size or the pool is
+    /// refused. None: `DEFAULT_DRIVE_SIZE`, or as large as fits where the filesystem lacks
+    /// room for that (`fitting_drive_size`).
+    pub drive_size: Option<u64>,
     /// Memory drives (for benchmarks): nothing is kept after exit.
     pub memory: bool,
     /// Leave new drive files sparse instead of allocating them.
@@ -54,8 +53,7 @@ impl Default for PoolShape {
             drives: 5,
             k: 4,
             m: 1,
-            drive_size: DEFAULT_DRIVE_SIZE,
-            drive_size_given: false,
+            drive_size: None,
             memory: false,
             sparse: false,
             sim: None,
@@ -132,7 +130,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 }
 
 /// The size of a new pool's drive files when the user names none.
-pub const DEFAULT_DRIVE_SIZE: u64 = 1 << 30;
+const DEFAULT_DRIVE_SIZE: u64 = 1 << 30;
 
 /// The smallest drive file a pool is made of when the default size does not fit: below it
 /// creation is refused (a pool that small is no use, and the filesystem is nearly full).
@@ -144,6 +142,13 @@ pub fn fitting_drive_size(free: u64, n: usize) -> Option<u64> {
     let margin = (free / 10).max(64 << 20);
     let size = free.saturating_sub(margin) / (n.max(1) as u64) / (16 << 20) * (16 << 20);
     (size >= MIN_FITTED_DRIVE_SIZE).then_some(size)
+}
+
+impl PoolShape {
+    /// The size of each drive before any fitting to the filesystem.
+    fn drive_size_or_default(&self) -> u64 {
+        self.drive_size.unwrap_or(DEFAULT_DRIVE_SIZE)
+    }
 }
 
 /// Pool settings for drives of `drive_size` bytes: segments small enough that a small pool
@@ -418,7 +423,7 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         );
     }
     let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
-        let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size);
+        let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size_or_default());
         let clock = if shape.sim_real_time {
             crate::sim_drive::SimClock::Real(std::time::Instant::now())
         } else {
@@ -432,7 +437,12 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
             .collect::<Result<_>>()?
     } else {
         let mems: Vec<Arc<MemDrive>> = (0..shape.drives)
-            .map(|i| Arc::new(MemDrive::new(shape.drive_size, format!("mem:{i}"))))
+            .map(|i| {
+                Arc::new(MemDrive::new(
+                    shape.drive_size_or_default(),
+                    format!("mem:{i}"),
+                ))
+            })
             .collect();
         // Touch every page now (one thread per drive): page faults would otherwise land on
         // the write path.
@@ -443,7 +453,10 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         });
         mems.into_iter().map(|d| d as DriveRef).collect()
     };
-    let pool = Pool::create(drives, &pool_config(shape.k, shape.m, shape.drive_size))?;
+    let pool = Pool::create(
+        drives,
+        &pool_config(shape.k, shape.m, shape.drive_size_or_default()),
+    )?;
     pool.create_volume("default", req.default_volume)?;
     Ok(DataDir {
         pool,
@@ -543,33 +556,38 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
             n
         );
     }
-    let mut drive_size = shape.drive_size;
-    if req.drives.is_empty() {
-        let total = drive_size.saturating_mul(n as u64);
-        if let Some(free) = free_bytes(dir) {
-            let fitted = fitting_drive_size(free, n).filter(|_| !shape.drive_size_given);
-            if free < total && shape.sparse {
-                tracing::warn!(
-                    free_mib = free >> 20,
-                    drives_mib = total >> 20,
-                    "sparse drive files larger than the filesystem: writes get ENOSPC once it fills"
-                );
-            } else if let (true, Some(size)) = (free < total, fitted) {
-                tracing::warn!(
-                    free_mib = free >> 20,
-                    drive_mib = size >> 20,
-                    default_mib = drive_size >> 20,
-                    "the filesystem has no room for drive files of the default size: made smaller (--drive-size to choose)"
-                );
-                drive_size = size;
-            } else if free < total {
-                bail!(
-                    "{} has {} MiB free, the pool's drives would take up to {} MiB: use a smaller --drive-size",
-                    dir.display(),
-                    free >> 20,
-                    total >> 20
-                );
-            }
+    let mut drive_size = shape.drive_size_or_default();
+    let total = drive_size.saturating_mul(n as u64);
+    // Only the drive files made here under DIR/drives take room from its filesystem.
+    let free = if req.drives.is_empty() {
+        free_bytes(dir)
+    } else {
+        None
+    };
+    if let Some(free) = free.filter(|&free| free < total) {
+        // Default drive files that do not fit are made smaller; a size the user named is not.
+        let fitted = fitting_drive_size(free, n).filter(|_| shape.drive_size.is_none());
+        if shape.sparse {
+            tracing::warn!(
+                free_mib = free >> 20,
+                drives_mib = total >> 20,
+                "sparse drive files larger than the filesystem: writes get ENOSPC once it fills"
+            );
+        } else if let Some(size) = fitted {
+            tracing::warn!(
+                free_mib = free >> 20,
+                drive_mib = size >> 20,
+                default_mib = drive_size >> 20,
+                "the filesystem has no room for drive files of the default size: made smaller (--drive-size to choose)"
+            );
+            drive_size = size;
+        } else {
+            bail!(
+                "{} has {} MiB free, the pool's drives would take up to {} MiB: use a smaller --drive-size",
+                dir.display(),
+                free >> 20,
+                total >> 20
+            );
         }
     }
     let mut made: Vec<NewDrive> = Vec::new();
