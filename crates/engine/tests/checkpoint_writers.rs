@@ -9,34 +9,9 @@ use common::*;
 use flashpool_engine::drive::{CrashFate, Drive, DriveInfo, DriveRef, MemDrive};
 use flashpool_engine::{Compression, Pool, PoolConfig};
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
-
-/// Flushes wait while the gate is closed.
-#[derive(Default)]
-struct Gate {
-    closed: Mutex<bool>,
-    cv: Condvar,
-    /// Flushes waiting at the gate now.
-    waiting: AtomicUsize,
-}
-
-impl Gate {
-    fn set(&self, closed: bool) {
-        *self.closed.lock().unwrap() = closed;
-        self.cv.notify_all();
-    }
-
-    fn pass(&self) {
-        let mut closed = self.closed.lock().unwrap();
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        while *closed {
-            closed = self.cv.wait(closed).unwrap();
-        }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// A tracked memory drive whose flushes pass the gate first.
 struct GatedDrive {

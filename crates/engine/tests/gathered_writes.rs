@@ -10,17 +10,14 @@ use common::*;
 use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, MemDrive};
 use flashpool_engine::{Compression, Pool, PoolConfig};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A memory drive whose writes wait while its gate is closed, and fail while `fail` is set.
 struct GatedDrive {
     inner: MemDrive,
-    closed: Mutex<bool>,
-    cv: Condvar,
-    /// Writes waiting at the gate now.
-    waiting: AtomicUsize,
+    gate: Gate,
     fail: AtomicBool,
 }
 
@@ -28,16 +25,9 @@ impl GatedDrive {
     fn new(name: &str) -> Arc<Self> {
         Arc::new(GatedDrive {
             inner: MemDrive::new(DRIVE_SIZE, name),
-            closed: Mutex::new(false),
-            cv: Condvar::new(),
-            waiting: AtomicUsize::new(0),
+            gate: Gate::default(),
             fail: AtomicBool::new(false),
         })
-    }
-
-    fn set_closed(&self, closed: bool) {
-        *self.closed.lock().unwrap() = closed;
-        self.cv.notify_all();
     }
 }
 
@@ -49,14 +39,7 @@ impl Drive for GatedDrive {
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        {
-            let mut closed = self.closed.lock().unwrap();
-            self.waiting.fetch_add(1, Ordering::SeqCst);
-            while *closed {
-                closed = self.cv.wait(closed).unwrap();
-            }
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
+        self.gate.pass();
         if self.fail.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -82,8 +65,8 @@ fn config() -> PoolConfig {
 /// writer's first batch, until the writer thread has sealed six stripes (so at least five
 /// wait in the queue) and stops getting anywhere (every stripe buffer in use); then opens the
 /// gate and waits for the writes.
-fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &GatedDrive, blocks: u64, seed: u64) {
-    gate.set_closed(true);
+fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &Gate, blocks: u64, seed: u64) {
+    gate.set(true);
     let done = Arc::new(AtomicU64::new(0));
     let writer = {
         let v = pool.volume("v").unwrap();
@@ -113,7 +96,7 @@ fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &GatedDrive, blocks: u64, 
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    gate.set_closed(false);
+    gate.set(false);
     writer.join().unwrap();
 }
 
@@ -143,7 +126,7 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     let before = pool.stats();
     // 40 stripes of 64 KiB: more than the stripe buffers, all in the volume's first segments.
     let blocks = 40 * STRIPE_BLOCKS;
-    write_behind_a_closed_gate(&pool, &gate, blocks, seed);
+    write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
     pool.flush().unwrap();
     let s = pool.stats();
     let chunks = s.chunk_writes - before.chunk_writes;
@@ -179,7 +162,7 @@ fn a_failed_gathered_write_loses_its_chunks_on_that_drive_only() {
     gate.fail.store(true, Ordering::SeqCst);
     let before = pool.stats();
     let blocks = 40 * STRIPE_BLOCKS;
-    write_behind_a_closed_gate(&pool, &gate, blocks, seed);
+    write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
     pool.flush().unwrap();
     let s = pool.stats();
     assert!(

@@ -3,7 +3,8 @@
 
 use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
 use flashpool_engine::PoolConfig;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 pub const DRIVE_SIZE: u64 = 24 << 20;
 
@@ -80,4 +81,30 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A gate that drive operations wait at while it is closed (a test drive calls `pass` in the
+/// operation it holds back).
+#[derive(Default)]
+pub struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Operations waiting at the gate now.
+    pub waiting: AtomicUsize,
+}
+
+impl Gate {
+    pub fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+
+    pub fn pass(&self) {
+        let mut closed = self.closed.lock().unwrap();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        while *closed {
+            closed = self.cv.wait(closed).unwrap();
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
