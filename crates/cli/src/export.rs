@@ -108,6 +108,9 @@ impl flashpool_nbd::ReadQueue for VolumeReads {
         }
         true
     }
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.q.ready_fd()
+    }
     fn outstanding(&self) -> usize {
         self.q.outstanding()
     }

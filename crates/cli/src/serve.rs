@@ -116,6 +116,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub busy_poll_us: u64,
+    /// NBD reactor threads (0 = a thread per connection, the default): a fixed set of
+    /// threads, each serving many connections past their handshake, with its own workers
+    /// for flushes and large writes (docs/NBD.md). Busy polling does not apply to them.
+    /// Also read from FLASHPOOL_NBD_REACTORS. At most 256.
+    #[arg(long, default_value_t = 0, env = "FLASHPOOL_NBD_REACTORS",
+          value_parser = clap::value_parser!(u64).range(0..=256))]
+    pub nbd_reactors: u64,
     /// Hold back room to rebuild a lost member's data: hosts get ENOSPC for new blocks before
     /// live data exceeds what the pool could hold after losing one more member (on), or may
     /// fill the pool to the last segment (off).
@@ -479,6 +486,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     }
     let config = Config {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
+        reactors: a.nbd_reactors as usize,
         handshake_timeout: std::time::Duration::from_secs(a.handshake_timeout),
         max_handshakes_per_peer: a.max_handshakes_per_peer as usize,
         tls: tls.clone(),

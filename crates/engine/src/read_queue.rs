@@ -204,6 +204,14 @@ impl ReadQueue {
         self.ring.is_some()
     }
 
+    /// The ring's descriptor, which polls readable while a completion waits to be reaped:
+    /// for a thread that waits on it with other descriptors (an epoll) and then calls
+    /// [`ReadQueue::poll`]. None without a ring (reads complete inside `start`).
+    pub fn ready_fd(&self) -> Option<RawFd> {
+        use std::os::fd::AsRawFd;
+        self.ring.as_ref().map(|r| r.as_raw_fd())
+    }
+
     /// Test hook: from now on, reads that complete inside `start` are kept back and handed
     /// out only after later reads, in an order drawn from `seed` (a drive that completes
     /// late and out of order); `None` hands them out at once again (and releases those kept).

@@ -66,6 +66,14 @@ pub struct Config {
     /// Most connections polling at once (each holds a core while it polls); the others
     /// sleep in `recv` as usual. Default: half the CPUs, at least one.
     pub max_pollers: usize,
+    /// Reactor threads serving the connections past their handshake, each many (SPDK's
+    /// reactors): a fixed set of threads instead of one per connection (and its helpers).
+    /// Zero: a thread per connection (the default). Busy polling does not apply to
+    /// reactors; requests that may block for long run on each reactor's workers.
+    pub reactors: usize,
+    /// Worker threads per reactor (started on demand) for the requests that may block for
+    /// long: FLUSH, FUA, writes that fill stripes, reads of exports without a read queue.
+    pub reactor_workers: usize,
     /// TLS (`NBD_OPT_STARTTLS`, X.509 or PSK; `tls.rs`); None: no TLS. Not applied to
     /// `Server::run_stdio`.
     pub tls: Option<crate::tls::Tls>,
@@ -86,6 +94,8 @@ impl Default for Config {
             max_pollers: std::thread::available_parallelism()
                 .map_or(1, |n| n.get() / 2)
                 .max(1),
+            reactors: 0,
+            reactor_workers: 16,
             tls: None,
         }
     }

@@ -262,6 +262,13 @@ pub trait ReadQueue: Send {
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool;
     /// Reads started and not yet taken.
     fn outstanding(&self) -> usize;
+    /// A descriptor that polls readable while a finished read waits to be collected (an
+    /// io_uring's), for a thread that waits on many queues and sockets at once (a reactor's
+    /// epoll) instead of in [`ReadQueue::wait`]. None (the default): the reactor calls
+    /// [`ReadQueue::poll`] every millisecond while this queue has reads in flight.
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// The set of exports a server offers, looked up by name at handshake time.

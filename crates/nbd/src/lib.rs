@@ -11,6 +11,7 @@
 //! - [`extents`]: clipping/merging allocation extents for the wire;
 //! - [`handshake`]: option haggling;
 //! - `transmission`: the per-connection request loop and worker pool;
+//! - `reactor`: a fixed set of threads each serving many connections (`Config::reactors`);
 //! - `budget`: per-connection buffer byte limit;
 //! - [`config`]: server limits;
 //! - `transport`: TCP / Unix / stdio byte streams;
@@ -28,6 +29,7 @@ pub mod handshake;
 pub mod memory;
 mod poll_policy;
 pub mod proto;
+mod reactor;
 pub mod server;
 pub mod tls;
 mod transmission;

@@ -29,6 +29,7 @@ use crate::config::Config;
 use crate::export::ExportSet;
 use crate::handshake::{self, Ended, Policy};
 use crate::poll_policy::PollerSlots;
+use crate::reactor::{Established, Reactors};
 use crate::transmission::{self, BusyPoll, Limits};
 use crate::transport::{set_nonblocking, Closer, Transport};
 
@@ -198,6 +199,9 @@ struct Shared {
     wake: OwnedFd,
     /// Connections polling their sockets now (`Config::max_pollers`).
     pollers: Arc<PollerSlots>,
+    /// The reactor threads connections go to after their handshake (`Config::reactors`);
+    /// None: each connection keeps its own thread.
+    reactors: Option<Reactors>,
 }
 
 /// An NBD server over an [`ExportSet`].
@@ -258,6 +262,10 @@ impl Server {
     /// A server with no listeners yet.
     pub fn new(exports: Arc<dyn ExportSet>, config: Config) -> io::Result<Server> {
         let (rx, tx) = pipe()?;
+        let reactors = match config.reactors {
+            0 => None,
+            n => Some(Reactors::start(n, config.reactor_workers)?),
+        };
         Ok(Server {
             shared: Arc::new(Shared {
                 exports,
@@ -273,6 +281,7 @@ impl Server {
                 changed: Condvar::new(),
                 next_id: AtomicU64::new(0),
                 wake: tx,
+                reactors,
             }),
             listeners: Vec::new(),
             wake_rx: rx,
@@ -341,6 +350,9 @@ impl Server {
         // Shutdown requested (or the accept loop failed): stop everything.
         ShutdownHandle(Arc::clone(&self.shared)).shutdown();
         self.drain();
+        if let Some(r) = &self.shared.reactors {
+            r.stop();
+        }
         for l in &self.listeners {
             if let Listener::Unix(_, Some(p)) = l {
                 let _ = std::fs::remove_file(p);
@@ -651,7 +663,10 @@ fn spawn_connection(shared: &Arc<Shared>, id: u64, t: Transport) -> io::Result<(
         .spawn(move || {
             let peer = t.peer.clone();
             tracing::debug!("connection {id} from {peer}");
-            serve_connection(&sh, id, t);
+            if serve_connection(&sh, id, t) {
+                tracing::debug!("connection {id} from {peer} handed to a reactor");
+                return;
+            }
             tracing::debug!("connection {id} from {peer} closed");
             unregister(&sh, id);
         });
@@ -691,7 +706,9 @@ pub fn serve_stream<R: Read + Send, W: Write + Send>(
 /// end of its TLS pump.
 type PlainSide = (BufReader<Box<dyn Read + Send>>, Box<dyn Write + Send>);
 
-fn serve_connection(shared: &Shared, id: u64, t: Transport) {
+/// The handshake, then the request loop on this thread, or a hand-off to a reactor (true:
+/// the reactor closes the connection and unregisters it).
+fn serve_connection(shared: &Arc<Shared>, id: u64, t: Transport) -> bool {
     let Transport {
         reader,
         mut writer,
@@ -758,6 +775,20 @@ fn serve_connection(shared: &Shared, id: u64, t: Transport) {
                 session.structured,
                 session.base_allocation
             );
+            if let (Some(reactors), Some(fd)) = (&shared.reactors, poll_fd) {
+                let sh = Arc::clone(shared);
+                reactors.serve(Established {
+                    session,
+                    fd,
+                    leftover: r.buffer().to_vec(),
+                    keep: Box::new((r.into_inner(), writer)),
+                    closer,
+                    on_close: Box::new(move || unregister(&sh, id)),
+                    max_in_flight: shared.config.max_in_flight_per_connection,
+                    max_buffer_bytes: shared.config.max_buffer_bytes_per_connection,
+                });
+                return true;
+            }
             let limits = Limits {
                 max_in_flight: shared.config.max_in_flight_per_connection,
                 max_helpers: shared.config.helper_threads_per_connection,
@@ -783,4 +814,5 @@ fn serve_connection(shared: &Shared, id: u64, t: Transport) {
         }
     }
     closer(Shutdown::Both);
+    false
 }

@@ -38,28 +38,26 @@ use std::time::Instant;
 
 use crate::budget::Budget;
 use crate::export::{ExportError, ReadData};
-use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::poll_policy::{PollPolicy, PollerSlots, Wait};
 use crate::proto::*;
-use crate::wire::{self, ReplyTo, Request, EXT_REQUEST_LEN, REQUEST_LEN};
+use crate::wire::{self, Request, EXT_REQUEST_LEN, REQUEST_LEN};
 
-mod async_reads;
+pub(crate) mod async_reads;
+pub(crate) mod exec;
 use async_reads::AsyncReads;
+pub(crate) use exec::{is_slow, reply_charge, ReadReply, SMALL_REPLY_CHARGE};
 
-/// Budget bytes charged for a queued reply without payload (so a client
-/// that never reads its replies cannot make the queue grow without bound).
-const SMALL_REPLY_CHARGE: u64 = 64;
 /// Most buffers handed to one `writev`.
-const MAX_IOV: usize = 512;
+pub(crate) const MAX_IOV: usize = 512;
 /// Size of the per-connection read buffer: a request header plus a WRITE
 /// payload up to this size (minus the header) runs straight from it; longer
 /// payloads are read into their own buffer.
-const READ_BUFFER: usize = 256 * 1024 + EXT_REQUEST_LEN;
+pub(crate) const READ_BUFFER: usize = 256 * 1024 + EXT_REQUEST_LEN;
 /// Longest payload a refused request may carry: it is read and discarded so the
 /// stream stays in sync (a compact request's length cannot say more); a longer
 /// one (extended headers) is a hard disconnect.
-const MAX_DISCARD: u64 = u32::MAX as u64;
+pub(crate) const MAX_DISCARD: u64 = u32::MAX as u64;
 
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
@@ -96,14 +94,14 @@ pub struct Limits {
 /// A reply and the budget bytes it holds until written: its bytes, with read data spliced
 /// in (a queued read's data is sent from the read queue's buffer, not copied into the reply):
 /// each `data` entry goes on the wire right after `bytes[..position]`, in order.
-struct Reply {
-    bytes: Vec<u8>,
-    data: Vec<(usize, ReadData)>,
-    held: u64,
+pub(crate) struct Reply {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) data: Vec<(usize, ReadData)>,
+    pub(crate) held: u64,
 }
 
 impl Reply {
-    fn new(bytes: Vec<u8>, held: u64) -> Self {
+    pub(crate) fn new(bytes: Vec<u8>, held: u64) -> Self {
         Reply {
             bytes,
             data: Vec::new(),
@@ -112,7 +110,7 @@ impl Reply {
     }
 
     /// Bytes on the wire.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.bytes.len()
             + self
                 .data
@@ -122,7 +120,7 @@ impl Reply {
     }
 
     /// Its pieces in wire order.
-    fn slices<'r>(&'r self, out: &mut Vec<IoSlice<'r>>) {
+    pub(crate) fn slices<'r>(&'r self, out: &mut Vec<IoSlice<'r>>) {
         let mut at = 0;
         for (pos, d) in &self.data {
             if *pos > at {
@@ -137,50 +135,21 @@ impl Reply {
     }
 }
 
-/// A READ's reply before its data is read: see `Conn::read_reply`.
-struct ReadReply {
-    out: Vec<u8>,
-    parts: Vec<(u64, std::ops::Range<usize>)>,
-}
-
-impl ReadReply {
-    /// Appends one `OFFSET_DATA` chunk whose data is still to be read (a part): with
-    /// `room`, zeroes to read it into; without, the data goes on the wire at the part's
-    /// start from where it is read (`Reply::data`).
-    fn push_data_chunk(&mut self, to: ReplyTo, offset: u64, len: usize, done: bool, room: bool) {
-        let start = self.out.len();
-        let chunk = to.header_len();
-        let hdr = chunk + 8;
-        self.out.resize(start + hdr + if room { len } else { 0 }, 0);
-        let flags = if done { REPLY_FLAG_DONE } else { 0 };
-        let payload = (8 + len) as u64;
-        wire::put_chunk_header(
-            &mut self.out[start..],
-            to,
-            flags,
-            REPLY_TYPE_OFFSET_DATA,
-            payload,
-        );
-        self.out[start + chunk..start + hdr].copy_from_slice(&offset.to_be_bytes());
-        self.parts.push((offset, start + hdr..start + hdr + len));
-    }
-}
-
 /// A request handed to a helper thread.
-struct SlowJob {
-    req: Request,
-    payload: Vec<u8>,
+pub(crate) struct SlowJob {
+    pub(crate) req: Request,
+    pub(crate) payload: Vec<u8>,
     /// Budget bytes held (the payload's, or the small-reply charge).
-    held: u64,
+    pub(crate) held: u64,
 }
 
 /// Most READs handed to a helper as one group (one `Export::read_many`): enough to cut the
 /// wake-ups per read under load, few enough that one slow drive read holds up few replies.
 /// Reads are grouped only while every helper is busy.
-const READ_GROUP: usize = 8;
+pub(crate) const READ_GROUP: usize = 8;
 
 /// What a helper thread runs.
-enum Job {
+pub(crate) enum Job {
     One(SlowJob),
     /// READs that wait for a device, with the budget bytes each holds: run together so their
     /// device reads are in flight at once.
@@ -189,10 +158,28 @@ enum Job {
 
 impl Job {
     /// Requests it answers.
-    fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         match self {
             Job::One(_) => 1,
             Job::Reads(v) => v.len(),
+        }
+    }
+
+    /// Runs it against the session's export: its replies, each holding its budget bytes.
+    pub(crate) fn run(self, s: &Session) -> Vec<Reply> {
+        match self {
+            Job::One(job) => {
+                let reply = s.execute(&job.req, &job.payload);
+                vec![Reply::new(reply, job.held)]
+            }
+            Job::Reads(reads) => {
+                let reqs: Vec<Request> = reads.iter().map(|r| r.0).collect();
+                s.read_group(&reqs)
+                    .into_iter()
+                    .zip(reads)
+                    .map(|(reply, (_, held))| Reply::new(reply, held))
+                    .collect()
+            }
         }
     }
 }
@@ -284,14 +271,14 @@ pub fn serve<R: Read + Send, W: Write + Send>(
 }
 
 /// The connection's read buffer: bytes `start..end` of `buf` are unparsed.
-struct InBuf {
-    buf: Vec<u8>,
+pub(crate) struct InBuf {
+    pub(crate) buf: Vec<u8>,
     start: usize,
     end: usize,
 }
 
 impl InBuf {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         InBuf {
             buf: vec![0; cap],
             start: 0,
@@ -299,7 +286,7 @@ impl InBuf {
         }
     }
 
-    fn preload(&mut self, data: &[u8]) {
+    pub(crate) fn preload(&mut self, data: &[u8]) {
         if data.len() > self.buf.len() {
             self.buf.resize(data.len(), 0);
         }
@@ -308,11 +295,11 @@ impl InBuf {
         self.end = data.len();
     }
 
-    fn avail(&self) -> &[u8] {
+    pub(crate) fn avail(&self) -> &[u8] {
         &self.buf[self.start..self.end]
     }
 
-    fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.start += n;
         if self.start == self.end {
             self.start = 0;
@@ -321,7 +308,7 @@ impl InBuf {
     }
 
     /// Moves a partial request to the front of the buffer.
-    fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
@@ -363,7 +350,7 @@ impl InBuf {
     /// One non-blocking read of socket `fd` into the free space (after moving a partial
     /// request to the front): `Ok(None)` when nothing is there, `Ok(Some(0))` at end of
     /// stream.
-    fn fill_now(&mut self, fd: std::os::fd::RawFd) -> io::Result<Option<usize>> {
+    pub(crate) fn fill_now(&mut self, fd: std::os::fd::RawFd) -> io::Result<Option<usize>> {
         self.compact();
         let room = &mut self.buf[self.end..];
         if room.is_empty() {
@@ -469,26 +456,6 @@ fn end_of_stream(inb: &InBuf) -> io::Result<()> {
     ))
 }
 
-/// Whether a request may block for long (an `fdatasync` on file drives):
-/// FLUSH, and write-type commands with FUA.
-fn is_slow(req: &Request) -> bool {
-    match req.kind {
-        CMD_FLUSH => true,
-        CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => req.flags & CMD_FLAG_FUA != 0,
-        _ => false,
-    }
-}
-
-/// Budget bytes a reply to an inline request holds until written.
-fn reply_charge(req: &Request) -> u64 {
-    if req.kind == CMD_READ && req.len <= MAX_PAYLOAD as u64 {
-        // The data and room for its chunk header(s).
-        req.len + SMALL_REPLY_CHARGE
-    } else {
-        SMALL_REPLY_CHARGE
-    }
-}
-
 impl<'a, W: Write + Send> Conn<'a, W> {
     /// The request loop of the connection thread. Returns on end of stream,
     /// `NBD_CMD_DISC` (`Ok`), or an I/O error or protocol violation (`Err`);
@@ -560,9 +527,9 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         let held =
                             self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
                         let reply = if foreign_payload {
-                            self.error(&req, EINVAL, "this command takes no payload")
+                            self.s.error(&req, EINVAL, "this command takes no payload")
                         } else {
-                            self.error(&req, EOVERFLOW, "write larger than 64 MiB")
+                            self.s.error(&req, EOVERFLOW, "write larger than 64 MiB")
                         };
                         self.push_reply(batch, reply, held, reads.as_deref_mut());
                     }
@@ -583,7 +550,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                                 self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
                             let inb_ref = &*inb;
                             let payload = &inb_ref.avail()[hl..hl + len];
-                            let reply = self.execute(&req, payload);
+                            let reply = self.s.execute(&req, payload);
                             inb.consume(hl + len);
                             self.push_reply(batch, reply, held, reads.as_deref_mut());
                         }
@@ -614,7 +581,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         if is_slow(&req) || self.writes_elsewhere(&req) {
                             self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
                         } else {
-                            let reply = self.execute(&req, &payload);
+                            let reply = self.s.execute(&req, &payload);
                             drop(payload);
                             batch.push(Reply::new(reply, held));
                         }
@@ -657,7 +624,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         } else {
                             let held =
                                 self.take_budget(reply_charge(&req), batch, reads.as_deref_mut());
-                            let reply = self.execute(&req, &[]);
+                            let reply = self.s.execute(&req, &[]);
                             self.push_reply(batch, reply, held, reads.as_deref_mut());
                         }
                     }
@@ -736,33 +703,14 @@ impl<'a, W: Write + Send> Conn<'a, W> {
         h.idle > h.jobs.len() || h.threads < self.limits.max_helpers
     }
 
-    /// Whether `req` is a (non-FUA) write to hand to a helper thread: the export says it may
-    /// wait for a device (a large write that fills stripes on file drives), so writes of one
-    /// connection go out in parallel instead of one after another.
+    /// Whether `req` is a write to hand to a helper thread (`Session::writes_elsewhere`).
     fn writes_elsewhere(&self, req: &Request) -> bool {
-        req.kind == CMD_WRITE
-            && self.limits.max_helpers > 0
-            && req
-                .offset
-                .checked_add(req.len)
-                .is_some_and(|e| e <= self.s.size)
-            && !self.s.export.read_only()
-            && self.s.export.write_may_block(req.offset, req.len)
+        self.limits.max_helpers > 0 && self.s.writes_elsewhere(req)
     }
 
-    /// Whether `req` is a read to run elsewhere than inline: on the read queue (`queued`:
-    /// every read goes there, as what needs no device completes inside `start` at the same
-    /// cost as inline), or on a helper thread when the export says it may wait for a device.
-    /// The range must be valid (an invalid one is answered inline).
+    /// Whether `req` is a read to run elsewhere than inline (`Session::reads_elsewhere`).
     fn reads_elsewhere(&self, req: &Request, queued: bool) -> bool {
-        req.kind == CMD_READ
-            && self.limits.max_helpers > 0
-            && req.len > 0
-            && req
-                .offset
-                .checked_add(req.len)
-                .is_some_and(|e| e <= self.s.size)
-            && (queued || self.s.export.read_may_block(req.offset, req.len))
+        self.limits.max_helpers > 0 && self.s.reads_elsewhere(req, queued)
     }
 
     /// Queue an inline request's reply holding `held` budget bytes, topped up to
@@ -879,24 +827,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
 
     fn run_slow(&self, job: Job) {
         let n = job.requests();
-        match job {
-            Job::One(job) => {
-                let reply = self.execute(&job.req, &job.payload);
-                drop(job.payload);
-                let mut one = vec![Reply::new(reply, job.held)];
-                self.send(&mut one);
-            }
-            Job::Reads(reads) => {
-                let reqs: Vec<Request> = reads.iter().map(|r| r.0).collect();
-                let mut replies: Vec<Reply> = self
-                    .read_group(&reqs)
-                    .into_iter()
-                    .zip(reads)
-                    .map(|(reply, (_, held))| Reply::new(reply, held))
-                    .collect();
-                self.send(&mut replies);
-            }
-        }
+        let mut replies = job.run(self.s);
+        self.send(&mut replies);
         let mut h = lock(&self.helpers);
         h.outstanding -= n;
         drop(h);
@@ -942,268 +874,6 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 return !self.failed.load(Ordering::SeqCst);
             }
         }
-    }
-
-    /// The chunk header form for replies to `req`.
-    fn reply_to(&self, req: &Request) -> ReplyTo {
-        if self.s.extended {
-            ReplyTo::extended(req.handle, req.offset)
-        } else {
-            ReplyTo::structured(req.handle)
-        }
-    }
-
-    fn error(&self, req: &Request, errno: u32, msg: &str) -> Vec<u8> {
-        if self.s.structured {
-            let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN + 6 + msg.len());
-            wire::push_error_chunk(&mut out, self.reply_to(req), errno, msg);
-            out
-        } else {
-            wire::simple_reply(errno, req.handle).to_vec()
-        }
-    }
-
-    /// Success without payload: a simple reply, or with extended headers (which
-    /// allow no simple replies) a final `NONE` chunk.
-    fn ok(&self, req: &Request) -> Vec<u8> {
-        if self.s.extended {
-            let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN);
-            wire::push_none_chunk(&mut out, self.reply_to(req));
-            out
-        } else {
-            wire::simple_reply(0, req.handle).to_vec()
-        }
-    }
-
-    fn result(&self, req: &Request, r: Result<(), ExportError>) -> Vec<u8> {
-        match r {
-            Ok(()) => self.ok(req),
-            Err(e) => self.error(req, e.kind.nbd_errno(), &e.message),
-        }
-    }
-
-    /// Check flags and range; `Err(reply)` if the request is refused.
-    fn validate(&self, req: &Request, allowed: u16, past_end: u32) -> Result<(), Vec<u8>> {
-        if req.flags & !allowed != 0 {
-            return Err(self.error(req, EINVAL, "flag not valid for this command"));
-        }
-        if req.len == 0 {
-            return Err(self.error(req, EINVAL, "zero-length request"));
-        }
-        match req.offset.checked_add(req.len) {
-            Some(end) if end <= self.s.size => Ok(()),
-            _ => Err(self.error(req, past_end, "request beyond the end of the export")),
-        }
-    }
-
-    /// Checks a READ's length, flags and range; `Err(reply)` if refused.
-    fn check_read(&self, req: &Request) -> Result<(), Vec<u8>> {
-        let df = if self.s.structured { CMD_FLAG_DF } else { 0 };
-        if req.len > MAX_PAYLOAD as u64 {
-            return Err(self.error(req, EOVERFLOW, "read larger than 64 MiB"));
-        }
-        self.validate(req, CMD_FLAG_FUA | df, EINVAL)
-    }
-
-    fn writable(&self, req: &Request) -> Result<(), Vec<u8>> {
-        if self.s.export.read_only() {
-            Err(self.error(req, EPERM, "export is read-only"))
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Run one request against the export; `data` is a WRITE's payload.
-    fn execute(&self, req: &Request, data: &[u8]) -> Vec<u8> {
-        let ex = self.s.export.as_ref();
-        let fua = req.flags & CMD_FLAG_FUA != 0;
-        let r = (|| -> Result<Vec<u8>, Vec<u8>> {
-            match req.kind {
-                CMD_READ => {
-                    self.check_read(req)?;
-                    Ok(self.read(req))
-                }
-                CMD_WRITE => {
-                    let pl = if self.s.extended {
-                        CMD_FLAG_PAYLOAD_LEN
-                    } else {
-                        0
-                    };
-                    self.validate(req, CMD_FLAG_FUA | pl, ENOSPC)?;
-                    self.writable(req)?;
-                    Ok(self.result(req, ex.write(req.offset, data, fua)))
-                }
-                CMD_FLUSH => {
-                    if req.flags & !CMD_FLAG_FUA != 0 || req.offset != 0 || req.len != 0 {
-                        return Err(self.error(req, EINVAL, "flush takes no range or flags"));
-                    }
-                    Ok(self.result(req, ex.flush()))
-                }
-                CMD_TRIM => {
-                    // The spec: EINVAL for reads and trims past the end, ENOSPC for writes.
-                    self.validate(req, CMD_FLAG_FUA, EINVAL)?;
-                    self.writable(req)?;
-                    let mut r = ex.trim(req.offset, req.len);
-                    if fua && r.is_ok() {
-                        r = ex.flush();
-                    }
-                    Ok(self.result(req, r))
-                }
-                CMD_WRITE_ZEROES => {
-                    self.validate(
-                        req,
-                        CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
-                        ENOSPC,
-                    )?;
-                    self.writable(req)?;
-                    if req.flags & CMD_FLAG_FAST_ZERO != 0 && !ex.fast_zero() {
-                        return Err(self.error(req, ENOTSUP, "zeroing is not fast here"));
-                    }
-                    let mut r = if req.flags & CMD_FLAG_NO_HOLE != 0 {
-                        ex.write_zeroes_no_hole(req.offset, req.len)
-                    } else {
-                        ex.write_zeroes(req.offset, req.len)
-                    };
-                    if fua && r.is_ok() {
-                        r = ex.flush();
-                    }
-                    Ok(self.result(req, r))
-                }
-                CMD_CACHE => {
-                    self.validate(req, CMD_FLAG_FUA, EINVAL)?;
-                    Ok(self.result(req, ex.cache(req.offset, req.len)))
-                }
-                CMD_BLOCK_STATUS => {
-                    if !self.s.base_allocation {
-                        return Err(self.error(req, EINVAL, "no metadata context negotiated"));
-                    }
-                    self.validate(req, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, EINVAL)?;
-                    let reported = ex
-                        .block_status(req.offset, req.len)
-                        .map_err(|e| self.error(req, e.kind.nbd_errno(), &e.message))?;
-                    let req_one = req.flags & CMD_FLAG_REQ_ONE != 0;
-                    let d = extents::descriptors(&reported, req.len, req_one);
-                    let mut out = Vec::with_capacity(wire::EXT_CHUNK_HEADER_LEN + 8 + 16 * d.len());
-                    let to = self.reply_to(req);
-                    wire::push_block_status_chunk(&mut out, to, META_BASE_ALLOCATION_ID, &d);
-                    Ok(out)
-                }
-                _ => Err(self.error(req, EINVAL, "unknown command")),
-            }
-        })();
-        r.unwrap_or_else(|e| e)
-    }
-
-    /// A READ's reply before its data is read: the reply bytes (headers written; with
-    /// `room`, zeroes where the data goes) and the parts still to read, as (export offset,
-    /// range of the reply the data fills; without room, its start is where the data is
-    /// spliced in). Simple replies are one part after the header; structured ones put holes
-    /// in `OFFSET_HOLE` chunks and data in `OFFSET_DATA` chunks (one with `NBD_CMD_FLAG_DF`).
-    fn read_reply(&self, req: &Request, room: bool) -> ReadReply {
-        if !self.s.structured {
-            const H: usize = wire::SIMPLE_REPLY_LEN;
-            let mut out = vec![0u8; H + if room { req.len as usize } else { 0 }];
-            wire::put_simple_reply(&mut out[..H], 0, req.handle);
-            return ReadReply {
-                out,
-                parts: vec![(req.offset, H..H + req.len as usize)],
-            };
-        }
-        let len = req.len;
-        let df = req.flags & CMD_FLAG_DF != 0;
-        let mut extents: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
-        let mut pos = 0u64;
-        while pos < len {
-            let reported = self
-                .s
-                .export
-                .block_status(req.offset + pos, len - pos)
-                .unwrap_or_default();
-            for e in extents::clip(&reported, len - pos, extents::MAX_DESCRIPTORS) {
-                extents.push((req.offset + pos, e.len, e.zero));
-                pos += e.len;
-            }
-        }
-        // The caller checked req.len <= MAX_PAYLOAD: every length fits 32 bits.
-        let to = self.reply_to(req);
-        let mut r = ReadReply {
-            out: Vec::new(),
-            parts: Vec::new(),
-        };
-        if extents.len() == 1 && extents[0].2 {
-            wire::push_hole_chunk(&mut r.out, to, req.offset, req.len as u32, true);
-        } else if extents.len() == 1 || df {
-            r.out
-                .reserve_exact(to.header_len() + 8 + if room { req.len as usize } else { 0 });
-            r.push_data_chunk(to, req.offset, req.len as usize, true, room);
-        } else {
-            for &(off, l, zero) in &extents {
-                if zero {
-                    wire::push_hole_chunk(&mut r.out, to, off, l as u32, false);
-                } else {
-                    r.push_data_chunk(to, off, l as usize, false, room);
-                }
-            }
-            wire::push_none_chunk(&mut r.out, to);
-        }
-        r
-    }
-
-    /// Runs one READ: its reply, or an error reply.
-    fn read(&self, req: &Request) -> Vec<u8> {
-        let mut r = self.read_reply(req, true);
-        for (off, range) in &r.parts {
-            if let Err(e) = self.s.export.read(*off, &mut r.out[range.clone()]) {
-                return self.error(req, e.kind.nbd_errno(), &e.message);
-            }
-        }
-        r.out
-    }
-
-    /// Runs several READs with one `Export::read_many`, so the export can have all their
-    /// device reads in flight at once; one reply each, in the order given.
-    fn read_group(&self, reqs: &[Request]) -> Vec<Vec<u8>> {
-        let mut replies: Vec<Result<ReadReply, Vec<u8>>> = reqs
-            .iter()
-            .map(|req| {
-                self.check_read(req)?;
-                Ok(self.read_reply(req, true))
-            })
-            .collect();
-        // Every part of every reply, as disjoint slices of the replies' buffers.
-        let mut owners = Vec::new();
-        let mut slices: Vec<(u64, &mut [u8])> = Vec::new();
-        for (i, r) in replies.iter_mut().enumerate() {
-            let Ok(r) = r else { continue };
-            let mut rest: &mut [u8] = &mut r.out;
-            let mut at = 0usize;
-            for (off, range) in &r.parts {
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - at);
-                let (mine, tail) = tail.split_at_mut(range.len());
-                rest = tail;
-                at = range.end;
-                slices.push((*off, mine));
-                owners.push(i);
-            }
-        }
-        let results = self.s.export.read_many(&mut slices);
-        drop(slices);
-        let mut failed: Vec<Option<ExportError>> = vec![None; reqs.len()];
-        for (i, res) in owners.into_iter().zip(results) {
-            if let Err(e) = res {
-                failed[i].get_or_insert(e);
-            }
-        }
-        replies
-            .into_iter()
-            .zip(failed)
-            .zip(reqs)
-            .map(|((r, f), req)| match (r, f) {
-                (Err(reply), _) => reply,
-                (Ok(_), Some(e)) => self.error(req, e.kind.nbd_errno(), &e.message),
-                (Ok(r), None) => r.out,
-            })
-            .collect()
     }
 }
 

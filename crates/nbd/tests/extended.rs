@@ -314,7 +314,7 @@ fn lengths_beyond_4_gib() {
     });
     let mut set = StaticExports::new();
     set.add("huge", "", huge.clone());
-    let mut server = Server::new(Arc::new(set), Config::default()).unwrap();
+    let mut server = Server::new(Arc::new(set), reactors_from_env(Config::default())).unwrap();
     let addr = server.listen_tcp("127.0.0.1:0").unwrap();
     let stop = server.shutdown_handle();
     let t = std::thread::spawn(move || server.run());

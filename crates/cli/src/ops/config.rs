@@ -46,6 +46,8 @@ pub struct FileConfig {
     pub rebuild_delay: Option<u64>,
     #[serde(default, deserialize_with = "busy_poll")]
     pub busy_poll_us: Option<u64>,
+    #[serde(default, deserialize_with = "reactors")]
+    pub nbd_reactors: Option<u64>,
     #[serde(default, deserialize_with = "on_off")]
     pub rebuild_reserve: Option<String>,
     #[serde(default, deserialize_with = "stripe_writers")]
@@ -103,6 +105,10 @@ fn ranged<'de, D: Deserializer<'de>>(d: D, lo: u64, hi: u64) -> Result<Option<u6
 
 fn busy_poll<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     ranged(d, 0, 1_000_000)
+}
+
+fn reactors<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    ranged(d, 0, 256)
 }
 
 fn scrub_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -294,6 +300,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(sim_timing);
     set!(rebuild_delay);
     set!(busy_poll_us);
+    set!(nbd_reactors);
     set!(rebuild_reserve);
     set!(stripe_writers);
     set!(scrub_interval_hours);

@@ -28,7 +28,7 @@ struct InFlightRead {
 }
 
 /// A connection's reads in progress on its read queue.
-pub(super) struct AsyncReads {
+pub(crate) struct AsyncReads {
     q: Box<dyn ReadQueue>,
     /// The connection's socket (or the plain end of its TLS pump), waited on with the reads.
     socket: std::os::fd::RawFd,
@@ -54,7 +54,7 @@ fn slot_and_part(token: u64) -> (usize, usize) {
 }
 
 impl AsyncReads {
-    pub(super) fn new(q: Box<dyn ReadQueue>, socket: std::os::fd::RawFd) -> Self {
+    pub(crate) fn new(q: Box<dyn ReadQueue>, socket: std::os::fd::RawFd) -> Self {
         AsyncReads {
             q,
             socket,
@@ -65,8 +65,14 @@ impl AsyncReads {
     }
 
     /// READs started and not yet answered.
-    pub(super) fn in_progress(&self) -> usize {
+    pub(crate) fn in_progress(&self) -> usize {
         self.slots.len() - self.free.len()
+    }
+
+    /// The queue's descriptor that polls readable while a finished read waits
+    /// (`ReadQueue::ready_fd`).
+    pub(crate) fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.q.ready_fd()
     }
 
     /// The connection's socket.
@@ -88,35 +94,24 @@ impl AsyncReads {
     }
 }
 
-impl<'a, W: Write + Send> Conn<'a, W> {
-    /// Starts READ `req` on the queue, or answers it at once (refused, or all holes).
-    pub(super) fn start_read(&self, ar: &mut AsyncReads, req: Request, batch: &mut Vec<Reply>) {
-        // The in-flight limit: answer reads already in until there is room.
-        while ar.in_progress() > 0
-            && ar.in_progress() + batch.len() + lock(&self.helpers).outstanding
-                >= self.limits.max_in_flight
-        {
-            if !self.await_reads(ar, batch) {
-                break;
-            }
+impl AsyncReads {
+    /// Starts READ `req`, whose reply holds `held` budget bytes, on the queue; or, when it
+    /// needs no read (refused, or all holes), its reply now.
+    pub(crate) fn start(&mut self, s: &Session, req: Request, held: u64) -> Option<Vec<u8>> {
+        if let Err(reply) = s.check_read(&req) {
+            return Some(reply);
         }
-        let held = self.take_budget(reply_charge(&req), batch, Some(ar));
-        if let Err(reply) = self.check_read(&req) {
-            self.push_reply(batch, reply, held, Some(ar));
-            return;
-        }
-        let reply = self.read_reply(&req, false);
+        let reply = s.read_reply(&req, false);
         if reply.parts.is_empty() {
-            self.push_reply(batch, reply.out, held, Some(ar));
-            return;
+            return Some(reply.out);
         }
-        let slot = ar.free.pop().unwrap_or_else(|| {
-            ar.slots.push(None);
-            ar.slots.len() - 1
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
         });
         let left = reply.parts.len();
         // In its slot before any part starts: a queue may finish a part inside `start`.
-        ar.slots[slot] = Some(InFlightRead {
+        self.slots[slot] = Some(InFlightRead {
             req,
             reply,
             data: (0..left).map(|_| None).collect(),
@@ -124,25 +119,28 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             held,
             failed: None,
         });
-        let AsyncReads { q, slots, .. } = &mut *ar;
+        let AsyncReads { q, slots, .. } = self;
         let parts = &slots[slot].as_ref().expect("placed above").reply.parts;
         for (i, (off, range)) in parts.iter().enumerate() {
             q.start(token(slot, i), *off, range.len());
         }
-        ar.unsubmitted = true;
+        self.unsubmitted = true;
+        None
     }
 
-    /// Hands the reads started to the devices (before the thread answers or waits).
-    pub(super) fn submit_reads(&self, ar: &mut AsyncReads) {
-        if ar.unsubmitted {
-            ar.unsubmitted = false;
-            ar.q.submit();
+    /// Hands the reads started to the devices.
+    pub(crate) fn submit(&mut self) {
+        if self.unsubmitted {
+            self.unsubmitted = false;
+            self.q.submit();
         }
     }
 
-    /// Queues the replies of every read finished so far.
-    pub(super) fn finish_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
-        let AsyncReads { q, slots, .. } = &mut *ar;
+    /// Appends the replies of every read finished so far to `out`, each holding the budget
+    /// bytes its read was charged (a reply can outgrow that by chunk headers: the caller
+    /// tops it up).
+    pub(crate) fn finished(&mut self, s: &Session, out: &mut Vec<Reply>) {
+        let AsyncReads { q, slots, .. } = self;
         q.poll();
         let mut complete: Vec<usize> = Vec::new();
         while q.take(&mut |token, res| {
@@ -178,27 +176,57 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             }
         }) {}
         for slot in complete {
-            let r = ar.slots[slot].take().expect("a read in flight");
-            ar.free.push(slot);
-            let mut reply = match r.failed {
-                Some(e) => Reply::new(self.error(&r.req, e.kind.nbd_errno(), &e.message), 0),
+            let r = self.slots[slot].take().expect("a read in flight");
+            self.free.push(slot);
+            out.push(match r.failed {
+                Some(e) => Reply::new(s.error(&r.req, e.kind.nbd_errno(), &e.message), r.held),
                 None => Reply {
                     bytes: r.reply.out,
                     data: (r.reply.parts.iter().zip(r.data))
                         .map(|((_, range), d)| (range.start, d.expect("every part read")))
                         .collect(),
-                    held: 0,
+                    held: r.held,
                 },
-            };
+            });
+        }
+    }
+}
+
+impl<'a, W: Write + Send> Conn<'a, W> {
+    /// Starts READ `req` on the queue, or answers it at once (refused, or all holes).
+    pub(super) fn start_read(&self, ar: &mut AsyncReads, req: Request, batch: &mut Vec<Reply>) {
+        // The in-flight limit: answer reads already in until there is room.
+        while ar.in_progress() > 0
+            && ar.in_progress() + batch.len() + lock(&self.helpers).outstanding
+                >= self.limits.max_in_flight
+        {
+            if !self.await_reads(ar, batch) {
+                break;
+            }
+        }
+        let held = self.take_budget(reply_charge(&req), batch, Some(ar));
+        if let Some(reply) = ar.start(self.s, req, held) {
+            self.push_reply(batch, reply, held, Some(ar));
+        }
+    }
+
+    /// Hands the reads started to the devices (before the thread answers or waits).
+    pub(super) fn submit_reads(&self, ar: &mut AsyncReads) {
+        ar.submit();
+    }
+
+    /// Queues the replies of every read finished so far.
+    pub(super) fn finish_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) {
+        let from = batch.len();
+        ar.finished(self.s, batch);
+        for reply in &mut batch[from..] {
             // Topped up only if the budget has room at once (a read's reply can outgrow its
             // charge by chunk headers): waiting here would wait for ourselves.
             let want = (reply.len() as u64).min(self.budget.capacity());
-            let extra = want
-                .checked_sub(r.held)
+            reply.held += want
+                .checked_sub(reply.held)
                 .and_then(|more| self.budget.try_acquire(more))
                 .unwrap_or(0);
-            reply.held = r.held + extra;
-            batch.push(reply);
         }
     }
 

@@ -17,6 +17,17 @@ pub const SIZE: u64 = 64 << 20;
 /// Guard against hangs only: a test fails instead of blocking forever.
 pub const GUARD: Duration = Duration::from_secs(20);
 
+/// `config` with `reactors` from `FLASHPOOL_NBD_REACTORS` when set (CI runs every test
+/// of this crate once on connection threads and once on reactors).
+pub fn reactors_from_env(mut config: Config) -> Config {
+    if let Ok(v) = std::env::var("FLASHPOOL_NBD_REACTORS") {
+        config.reactors = v
+            .parse()
+            .unwrap_or_else(|_| panic!("FLASHPOOL_NBD_REACTORS={v:?} is not a count"));
+    }
+    config
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub sock: PathBuf,
@@ -43,6 +54,7 @@ impl TestServer {
 
     /// A server of `set` (`disk` is what `TestServer::disk` names).
     pub fn start_exports(set: StaticExports, disk: Arc<MemExport>, config: Config) -> Self {
+        let config = reactors_from_env(config);
         let dir = tempfile::tempdir().unwrap();
         let mut server = Server::new(Arc::new(set), config).unwrap();
         let addr = server.listen_tcp("127.0.0.1:0").unwrap();

@@ -1,0 +1,296 @@
+//! Reactors (`Config::reactors`, issue 16): a fixed set of threads serves every connection
+//! past its handshake. The tests here always run on reactors (the rest of this crate's
+//! tests run on them too when `FLASHPOOL_NBD_REACTORS` is set, as CI does): many
+//! connections take no thread each, a request that blocks (a FLUSH held at a gate) holds
+//! up neither the requests behind it on its connection nor other connections on the same
+//! reactor, and a client that stops reading its replies stalls only itself.
+
+mod common;
+
+use common::*;
+use flashpool_nbd::proto::*;
+use flashpool_nbd::{Config, Export, ExportError, Extent, MemExport, StaticExports};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+fn reactors(n: usize) -> Config {
+    Config {
+        reactors: n,
+        ..Config::default()
+    }
+}
+
+/// Threads of this process now.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[test]
+fn many_connections_take_no_thread_each() {
+    let srv = TestServer::start_with(reactors(2));
+    let before = threads();
+    let mut conns: Vec<Raw> = (0..24u64)
+        .map(|i| {
+            let mut c = Raw::connect(&srv, i % 2 == 0, false);
+            let d = pattern(4096, i as u8);
+            assert_eq!(c.write(1, i << 16, &d), 0);
+            c
+        })
+        .collect();
+    // The handshake threads end once they hand their connection over.
+    let t0 = Instant::now();
+    while threads() > before + 2 && t0.elapsed() < GUARD {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        threads() <= before + 2,
+        "{} threads for 24 connections on 2 reactors (had {before})",
+        threads()
+    );
+    // Every connection is still served, and reads its own data back.
+    for (i, c) in conns.iter_mut().enumerate() {
+        let d = pattern(4096, i as u8);
+        if i % 2 == 0 {
+            c.request(0, CMD_READ, 2, (i as u64) << 16, 4096, &[]);
+            let ch = c.chunk();
+            assert_eq!((ch.kind, ch.handle), (REPLY_TYPE_OFFSET_DATA, 2));
+            assert_eq!(ch.data[8..], d[..]);
+        } else {
+            assert_eq!(c.read_simple(2, (i as u64) << 16, 4096).unwrap(), d);
+        }
+        c.disc();
+    }
+    srv.stop();
+}
+
+/// A memory export whose FLUSH waits until the test opens the gate.
+struct GatedFlush {
+    disk: MemExport,
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// FLUSHes that have started waiting.
+    waiting: Mutex<usize>,
+}
+
+impl GatedFlush {
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl Export for GatedFlush {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.disk.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.disk.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        *self.waiting.lock().unwrap() += 1;
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.disk.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.disk.write_zeroes(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        self.disk.block_status(offset, len)
+    }
+}
+
+#[test]
+fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
+    let gated = Arc::new(GatedFlush {
+        disk: MemExport::new(SIZE),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+        waiting: Mutex::new(0),
+    });
+    let mut set = StaticExports::new();
+    set.add("gated", "", gated.clone());
+    // One reactor: every connection shares it.
+    let srv = TestServer::start_exports(set, Arc::new(MemExport::new(4096)), reactors(1));
+    let mut a = Raw::connect(&srv, false, false);
+    let d = pattern(8192, 7);
+    assert_eq!(a.write(1, 0, &d), 0);
+    a.request(0, CMD_FLUSH, 2, 0, 0, &[]);
+    let t0 = Instant::now();
+    while *gated.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        *gated.waiting.lock().unwrap(),
+        1,
+        "the flush is at the gate"
+    );
+    // The same connection goes on past its flush, and so does another one.
+    assert_eq!(a.read_simple(3, 0, 8192).unwrap(), d);
+    let mut b = Raw::connect(&srv, true, false);
+    assert_eq!(b.write(1, 1 << 20, &d), 0);
+    b.request(0, CMD_READ, 2, 1 << 20, 8192, &[]);
+    let ch = b.chunk();
+    assert_eq!(ch.data[8..], d[..]);
+    // Open the gate: the flush is answered, after everything sent behind it.
+    gated.release();
+    assert_eq!(a.simple(), (0, 2));
+    a.disc();
+    b.disc();
+    srv.stop();
+}
+
+#[test]
+fn a_client_that_stops_reading_stalls_only_itself() {
+    let srv = TestServer::start_with(Config {
+        max_buffer_bytes_per_connection: 1 << 20,
+        ..reactors(1)
+    });
+    let d = pattern(1 << 20, 3);
+    let mut w = Raw::connect(&srv, false, false);
+    assert_eq!(w.write(1, 0, &d), 0);
+    // 256 MiB of reads whose replies nobody reads: far more than the socket buffers and the
+    // connection's budget hold.
+    let mut deaf = Raw::connect(&srv, false, false);
+    for i in 0..256 {
+        deaf.request(0, CMD_READ, i, 0, 1 << 20, &[]);
+    }
+    // Connections on the same (only) reactor are still served.
+    for i in 0..20u64 {
+        assert_eq!(
+            w.read_simple(10 + i, i << 14, 4096).unwrap(),
+            d[(i << 14) as usize..(i << 14) as usize + 4096]
+        );
+    }
+    let mut other = Raw::connect(&srv, true, false);
+    assert_eq!(other.write(1, 2 << 20, &d[..4096]), 0);
+    // The deaf client, reading at last, gets every reply in full.
+    for _ in 0..256 {
+        let (e, _) = deaf.simple();
+        assert_eq!(e, 0);
+        assert_eq!(deaf.recv(1 << 20), d);
+    }
+    w.disc();
+    other.disc();
+    deaf.disc();
+    srv.stop();
+}
+
+/// A read queue that completes every read inside `start` (as the engine's does for blocks
+/// that need no device read: unmapped, still in a stripe buffer) and has a descriptor to
+/// wait on that never becomes readable for them.
+struct InlineQueue {
+    disk: Arc<MemExport>,
+    done: std::collections::VecDeque<(u64, Vec<u8>)>,
+    never: std::os::fd::OwnedFd,
+}
+
+impl flashpool_nbd::ReadQueue for InlineQueue {
+    fn start(&mut self, token: u64, offset: u64, len: usize) {
+        let mut b = vec![0u8; len];
+        self.disk.read(offset, &mut b).unwrap();
+        self.done.push_back((token, b));
+    }
+    fn submit(&mut self) {}
+    fn poll(&mut self) {}
+    fn wait(&mut self, _fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        Ok(false)
+    }
+    fn take(&mut self, f: &mut flashpool_nbd::ReadDone<'_>) -> bool {
+        let Some((t, b)) = self.done.pop_front() else {
+            return false;
+        };
+        f(t, Ok(Box::new(b)));
+        true
+    }
+    fn outstanding(&self) -> usize {
+        self.done.len()
+    }
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.never.as_raw_fd())
+    }
+}
+
+struct InlineReads(Arc<MemExport>);
+
+impl Export for InlineReads {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.0.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.0.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        self.0.block_status(offset, len)
+    }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1 (checked).
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
+        let never = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Some(Box::new(InlineQueue {
+            disk: self.0.clone(),
+            done: Default::default(),
+            never,
+        }))
+    }
+}
+
+/// Reads that finish inside `start` are announced by no descriptor: the reactor still
+/// answers them (it once waited for an event that never came).
+#[test]
+fn reads_finished_inside_start_are_answered_without_an_event() {
+    let disk = Arc::new(MemExport::new(SIZE));
+    let d = pattern(64 << 10, 9);
+    disk.write(0, &d, false).unwrap();
+    let mut set = StaticExports::new();
+    set.add("inline", "", Arc::new(InlineReads(disk.clone())));
+    let srv = TestServer::start_exports(set, disk, reactors(1));
+    let mut c = Raw::connect(&srv, false, false);
+    for round in 0..4u64 {
+        let mut all = Vec::new();
+        for i in 0..16u64 {
+            all.extend_from_slice(&flashpool_nbd::wire::encode_request(
+                &flashpool_nbd::wire::Request {
+                    flags: 0,
+                    kind: CMD_READ,
+                    handle: round * 100 + i,
+                    offset: i * 4096,
+                    len: 4096,
+                },
+            ));
+        }
+        c.send(&all);
+        for _ in 0..16 {
+            let (e, h) = c.simple();
+            assert_eq!(e, 0);
+            let i = (h - round * 100) as usize;
+            assert_eq!(c.recv(4096), d[i * 4096..(i + 1) * 4096]);
+        }
+    }
+    c.disc();
+    srv.stop();
+}
