@@ -8,6 +8,9 @@ In one run, on the filesystem of WORKDIR (the machine's real disk; refused on tm
   flashpool     `flashpool serve` on its default pool there (5 allocated file drives of
                 1 GiB, 4+1, one 1 GiB volume): what a new user runs
   flashpool-mem `flashpool serve --memory` (the same pool on memory drives): a second row
+  flashpool-reactors  the default pool again, its connections on reactor threads
+                (`--nbd-reactors N`, N = --reactors, default half the CPUs): the fixed set of
+                threads against a thread per connection, in the same run
 
 for 4 KiB random read at iodepth 1, 32 and 4 jobs x 8, 4 KiB random write at iodepth 32, and
 1 MiB sequential read and write at iodepth 8. NBD clients are fio's nbd engine over a Unix
@@ -74,8 +77,9 @@ def wait_socket(path, proc, what, timeout=30):
 
 
 class Target:
-    def __init__(self, name, work, flashpool):
+    def __init__(self, name, work, flashpool, reactors=1):
         self.name, self.work, self.flashpool = name, work, flashpool
+        self.reactors = reactors
         self.proc = None
         self.dir = os.path.join(work, name)
 
@@ -99,6 +103,8 @@ class Target:
                     "--socket", sock, "--listen", "127.0.0.1:0"]
             if self.name == "flashpool-mem":
                 args.append("--memory")
+            if self.name == "flashpool-reactors":
+                args += ["--nbd-reactors", str(self.reactors)]
             self.proc = subprocess.Popen(args, stdout=log, stderr=log)
             self.uri = f"nbd+unix:///default?socket={sock}"
         wait_socket(sock, self.proc, self.name)
@@ -150,7 +156,9 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(ROOT, "target", "disk-bench"))
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--targets", default="raw,qemu-nbd,flashpool,flashpool-mem")
+    ap.add_argument("--targets", default="raw,qemu-nbd,flashpool,flashpool-mem,flashpool-reactors")
+    ap.add_argument("--reactors", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="reactor threads of the flashpool-reactors target")
     ap.add_argument("--flashpool", default=os.path.join(ROOT, "target", "release", "flashpool"))
     ap.add_argument("--doc", default=None)
     a = ap.parse_args()
@@ -166,7 +174,7 @@ def main():
     SYNCED = "write 1M qd8, fdatasync per GiB"
     results.setdefault("raw", {})[SYNCED] = []
     for rnd in range(a.rounds):
-        targets = [Target(n, a.workdir, a.flashpool) for n in names]
+        targets = [Target(n, a.workdir, a.flashpool, a.reactors) for n in names]
         try:
             for t in targets:
                 t.start()
@@ -239,6 +247,17 @@ def main():
         lines.append(f"| randwrite qd32 vs raw file | {ratio('randwrite qd32', 'iops'):.2f}x | >= 1.7x |")
         d = med("flashpool", "randread qd1", "mean_us") - med("raw", "randread qd1", "mean_us")
         lines.append(f"| randread qd1 mean latency over raw file | {d:+.0f} us | <= +30 us |")
+    if "flashpool" in names and "flashpool-reactors" in names:
+        lines.append("")
+        lines.append(f"Reactors ({a.reactors} threads) against a thread per connection, same pool:")
+        lines.append("")
+        lines.append("| point | reactors / threads | server CPU per I/O, reactors / threads |")
+        lines.append("|---|---:|---:|")
+        for (pname, rw, bs, qd, jobs) in POINTS:
+            r_, t_ = med("flashpool-reactors", pname, "iops"), med("flashpool", pname, "iops")
+            rc, tc = med("flashpool-reactors", pname, "cpu_us"), med("flashpool", pname, "cpu_us")
+            cpu = f"{rc / tc:.2f}x" if rc and tc else "-"
+            lines.append(f"| {pname} | {r_ / t_:.2f}x | {cpu} |")
     text = "\n".join(lines)
     print(text)
     if a.doc:

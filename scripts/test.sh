@@ -21,6 +21,9 @@ step "cargo test"
 export FLASHPOOL_DST_SEEDS=${FLASHPOOL_DST_SEEDS:-1200}
 cargo test --workspace
 
+step "NBD tests again with every connection on reactors (Config::reactors)"
+FLASHPOOL_NBD_REACTORS=2 cargo test -p flashpool-nbd
+
 step "engine tests on file drives without io_uring (the synchronous fallback)"
 FLASHPOOL_IO_URING=off FLASHPOOL_MODEL_CASES=16 cargo test -p flashpool-engine --test read_batching --test model
 
@@ -30,6 +33,9 @@ bash fuzz/run.sh "${FLASHPOOL_FUZZ_SECONDS:-15}"
 if [ "${FLASHPOOL_SKIP_E2E:-0}" != 1 ]; then
     step "end-to-end checks with real NBD clients"
     E2E_INSTALL=1 bash tests/e2e/run-all.sh flashpool
+    step "client checks again with connections on reactors (serve --nbd-reactors 2, from the environment)"
+    FLASHPOOL_NBD_REACTORS=2 E2E_ONLY=nbdinfo,fio-mixed-2conn-flush,tcp-and-unix,nbdcopy-64m,qemu-img,tls,faults-under-load,kernel-nbd \
+        bash tests/e2e/run-all.sh flashpool
     step "the client checks again on memory drives (the inline path; checks that restart the server need drives that persist)"
     E2E_ONLY=nbdinfo,probe,fio-randwrite-4k,fio-mixed-2conn-flush,fio-trim,tcp-and-unix,nbdcopy-64m,qemu-img \
         bash tests/e2e/run-all.sh flashpool-mem

@@ -31,6 +31,10 @@ use crate::transmission::{
 use crate::transport::Closer;
 use crate::wire::{self, Request, EXT_REQUEST_LEN, REQUEST_LEN};
 
+/// Most passes (read, parse, run, write) one drive of a connection makes before the reactor
+/// turns to the others: a client that keeps its socket full cannot starve its neighbours.
+const MAX_PASSES: usize = 16;
+
 /// A connection past its handshake, handed to a reactor.
 pub struct Established {
     pub session: Session,
@@ -237,9 +241,11 @@ impl Conn {
         self.queue_replies(vec![Reply::new(bytes, held)]);
     }
 
-    /// Runs whatever can run now; the jobs it makes go to the reactor's workers.
-    pub(super) fn drive(&mut self, asks: &mut Asks) {
-        loop {
+    /// Runs whatever can run now, for at most `MAX_PASSES` passes; the jobs it makes go to
+    /// the reactor's workers. True when it stopped with work left (the reactor drives it
+    /// again after the others: no event would announce what it has not read yet).
+    pub(super) fn drive(&mut self, asks: &mut Asks) -> bool {
+        for _ in 0..MAX_PASSES {
             let mut progress = false;
             if let Some(mut ar) = self.reads.take() {
                 let mut done = Vec::new();
@@ -305,9 +311,10 @@ impl Conn {
                 progress = true;
             }
             if !progress {
-                return;
+                return false;
             }
         }
+        true
     }
 
     /// Parses and starts every complete request the limits allow.

@@ -274,14 +274,24 @@ impl Reactor {
     fn run(mut self) {
         let mut ready: Vec<u64> = Vec::new();
         let mut dirty: Vec<usize> = Vec::new();
+        // Connections that stopped with work left: driven again next round.
+        let mut again: Vec<usize> = Vec::new();
         loop {
             let polling = self.conns.iter().flatten().any(|c| c.needs_polling());
+            let timeout = if !again.is_empty() {
+                0
+            } else if polling {
+                POLL_MS
+            } else {
+                -1
+            };
             ready.clear();
-            if let Err(e) = self.ep.wait(if polling { POLL_MS } else { -1 }, &mut ready) {
+            if let Err(e) = self.ep.wait(timeout, &mut ready) {
                 tracing::error!("reactor wait failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             dirty.clear();
+            dirty.append(&mut again);
             for &t in &ready {
                 if t == WAKE {
                     self.inbox.wake.clear();
@@ -302,7 +312,9 @@ impl Reactor {
             dirty.sort_unstable();
             dirty.dedup();
             for &key in &dirty {
-                self.drive(key);
+                if self.drive(key) {
+                    again.push(key);
+                }
             }
             if self.stopping && self.conns.iter().all(|c| c.is_none()) {
                 break;
@@ -361,16 +373,17 @@ impl Reactor {
         }
     }
 
-    /// Drives connection `key`, hands its jobs to the workers, and closes it when done.
-    fn drive(&mut self, key: usize) {
+    /// Drives connection `key`, hands its jobs to the workers, and closes it when done;
+    /// true when it has work left for the next round.
+    fn drive(&mut self, key: usize) -> bool {
         let Some(Some(c)) = self.conns.get_mut(key) else {
-            return; // closed earlier in this round
+            return false; // closed earlier in this round
         };
         let mut asks = Asks {
             jobs: Vec::new(),
             free_workers: self.workers.free(),
         };
-        c.drive(&mut asks);
+        let more = c.drive(&mut asks);
         for job in asks.jobs {
             self.workers.push(Work {
                 key,
@@ -387,6 +400,8 @@ impl Reactor {
             c.close();
             self.free.push(key);
             self.load.fetch_sub(1, Ordering::Relaxed);
+            return false;
         }
+        more
     }
 }
