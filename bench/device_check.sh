@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The issue-16 measurements in one call, for a machine lent for a few minutes (the 16-core
-# device machine): the real-disk table (bench/disk_bench.py), reads in flight at the disk
+# device machine): the real-disk table (bench/disk_bench.py, with its flashpool-reactors
+# target: connections on reactor threads against a thread each), reads in flight at the disk
 # (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers (bench/stripe_writers.sh),
 # and one checkpoint's timing from the server's debug log (how long writers were held, how
-# long the flush took). About 7 minutes; each part's output goes to OUTDIR as it finishes, so
+# long the flush took). About 8 minutes; each part's output goes to OUTDIR as it finishes, so
 # a run cut short still returns what it measured.
 #
 # Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz

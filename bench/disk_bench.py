@@ -249,7 +249,7 @@ def main():
         lines.append(f"| randread qd1 mean latency over raw file | {d:+.0f} us | <= +30 us |")
     if "flashpool" in names and "flashpool-reactors" in names:
         lines.append("")
-        lines.append(f"Reactors ({a.reactors} threads) against a thread per connection, same pool:")
+        lines.append(f"Reactors ({a.reactors} reactor thread{'s' if a.reactors != 1 else ''}) against a thread per connection, same pool:")
         lines.append("")
         lines.append("| point | reactors / threads | server CPU per I/O, reactors / threads |")
         lines.append("|---|---:|---:|")
