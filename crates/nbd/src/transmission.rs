@@ -54,10 +54,6 @@ pub(crate) const MAX_IOV: usize = 512;
 /// payload up to this size (minus the header) runs straight from it; longer
 /// payloads are read into their own buffer.
 pub(crate) const READ_BUFFER: usize = 256 * 1024 + EXT_REQUEST_LEN;
-/// Longest payload a refused request may carry: it is read and discarded so the
-/// stream stays in sync (a compact request's length cannot say more); a longer
-/// one (extended headers) is a hard disconnect.
-pub(crate) const MAX_DISCARD: u64 = u32::MAX as u64;
 
 /// Closes (part of) the connection's socket, to unblock a reader or writer.
 pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
@@ -497,10 +493,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
                 // With extended headers a command other than WRITE may carry a payload too
                 // (NBD_CMD_FLAG_PAYLOAD_LEN); we take none, so it is skipped and refused.
-                let foreign_payload = self.s.extended
-                    && req.kind != CMD_WRITE
-                    && req.kind != CMD_DISC
-                    && req.flags & CMD_FLAG_PAYLOAD_LEN != 0;
+                let refused = self.s.refused_payload(&req)?;
                 match req.kind {
                     CMD_DISC => {
                         if !group.is_empty() {
@@ -508,16 +501,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         }
                         return Ok(());
                     }
-                    _ if foreign_payload
-                        || (req.kind == CMD_WRITE && req.len > MAX_PAYLOAD as u64) =>
-                    {
+                    _ if let Some((errno, msg)) = refused => {
                         // Skip the payload to stay in sync, then refuse.
-                        if req.len > MAX_DISCARD {
-                            return Err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "request payload too long to skip",
-                            ));
-                        }
                         let in_buf = ((avail.len() - hl) as u64).min(req.len);
                         inb.consume(hl + in_buf as usize);
                         let rest = req.len - in_buf;
@@ -526,17 +511,13 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         }
                         let held =
                             self.take_budget(SMALL_REPLY_CHARGE, batch, reads.as_deref_mut());
-                        let reply = if foreign_payload {
-                            self.s.error(&req, EINVAL, "this command takes no payload")
-                        } else {
-                            self.s.error(&req, EOVERFLOW, "write larger than 64 MiB")
-                        };
+                        let reply = self.s.error(&req, errno, msg);
                         self.push_reply(batch, reply, held, reads.as_deref_mut());
                     }
                     // From here on a WRITE's length is at most MAX_PAYLOAD.
                     CMD_WRITE if avail.len() >= hl + req.len as usize => {
                         let len = req.len as usize;
-                        if is_slow(&req) || self.writes_elsewhere(&req) {
+                        if self.s.write_runs_off(&req) {
                             let payload = avail[hl..hl + len].to_vec();
                             inb.consume(hl + len);
                             let held = self.take_budget(
@@ -578,7 +559,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                                 .err()
                                 .unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into()));
                         }
-                        if is_slow(&req) || self.writes_elsewhere(&req) {
+                        if self.s.write_runs_off(&req) {
                             self.hand_off(scope, Job::One(SlowJob { req, payload, held }), batch);
                         } else {
                             let reply = self.s.execute(&req, &payload);
@@ -701,11 +682,6 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     fn helper_free(&self) -> bool {
         let h = lock(&self.helpers);
         h.idle > h.jobs.len() || h.threads < self.limits.max_helpers
-    }
-
-    /// Whether `req` is a write to hand to a helper thread (`Session::writes_elsewhere`).
-    fn writes_elsewhere(&self, req: &Request) -> bool {
-        self.limits.max_helpers > 0 && self.s.writes_elsewhere(req)
     }
 
     /// Whether `req` is a read to run elsewhere than inline (`Session::reads_elsewhere`).

@@ -25,8 +25,8 @@ use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::transmission::async_reads::AsyncReads;
 use crate::transmission::{
-    is_slow, reply_charge, InBuf, Job, Reply, SlowJob, MAX_DISCARD, MAX_IOV, READ_BUFFER,
-    READ_GROUP, SMALL_REPLY_CHARGE,
+    is_slow, reply_charge, InBuf, Job, Reply, SlowJob, MAX_IOV, READ_BUFFER, READ_GROUP,
+    SMALL_REPLY_CHARGE,
 };
 use crate::transport::Closer;
 use crate::wire::{self, Request, EXT_REQUEST_LEN, REQUEST_LEN};
@@ -358,43 +358,28 @@ impl Conn {
                 wire::decode_request(head.try_into().expect("length"))
             }
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
-            // With extended headers a command other than WRITE may carry a payload too
-            // (NBD_CMD_FLAG_PAYLOAD_LEN); we take none, so it is skipped and refused.
-            let foreign_payload = self.s.extended
-                && req.kind != CMD_WRITE
-                && req.kind != CMD_DISC
-                && req.flags & CMD_FLAG_PAYLOAD_LEN != 0;
             if req.kind == CMD_DISC {
                 self.taken += 1;
                 self.inb.consume(hl);
                 self.ending = true;
                 return Ok(Parsed::Ending);
             }
-            if foreign_payload || (req.kind == CMD_WRITE && req.len > MAX_PAYLOAD as u64) {
-                if req.len > MAX_DISCARD {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "request payload too long to skip",
-                    ));
-                }
+            if let Some((errno, msg)) = self.s.refused_payload(&req)? {
+                // Its payload is skipped to stay in sync.
                 let Some(held) = self.try_hold(SMALL_REPLY_CHARGE) else {
                     return Ok(Parsed::Blocked);
                 };
                 self.taken += 1;
                 self.inb.consume(hl);
                 self.discard = req.len;
-                let reply = if foreign_payload {
-                    self.s.error(&req, EINVAL, "this command takes no payload")
-                } else {
-                    self.s.error(&req, EOVERFLOW, "write larger than 64 MiB")
-                };
+                let reply = self.s.error(&req, errno, msg);
                 self.push_reply(reply, held);
                 continue;
             }
             if req.kind == CMD_WRITE {
                 // From here on a WRITE's length is at most MAX_PAYLOAD.
                 let len = req.len as usize;
-                let off = is_slow(&req) || self.s.writes_elsewhere(&req);
+                let off = self.s.write_runs_off(&req);
                 let fits = hl + len <= self.inb.buf.len();
                 if fits && have < hl + len {
                     return Ok(Parsed::NeedBytes);
@@ -464,7 +449,7 @@ impl Conn {
 
     /// A WRITE whose whole payload is in: to a worker, or run now.
     fn run_write(&mut self, req: Request, payload: Vec<u8>, held: u64, asks: &mut Asks) {
-        if is_slow(&req) || self.s.writes_elsewhere(&req) {
+        if self.s.write_runs_off(&req) {
             self.jobs += 1;
             asks.push(Job::One(SlowJob { req, payload, held }));
         } else {

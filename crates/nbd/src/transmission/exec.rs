@@ -12,6 +12,10 @@ use crate::wire::{self, ReplyTo, Request};
 /// Budget bytes charged for a queued reply without payload (so a client
 /// that never reads its replies cannot make the queue grow without bound).
 pub(crate) const SMALL_REPLY_CHARGE: u64 = 64;
+/// Longest payload a refused request may carry: it is read and discarded so the
+/// stream stays in sync (a compact request's length cannot say more); a longer
+/// one (extended headers) is a hard disconnect.
+pub(crate) const MAX_DISCARD: u64 = u32::MAX as u64;
 
 /// Whether a request may block for long (an `fdatasync` on file drives):
 /// FLUSH, and write-type commands with FUA.
@@ -63,6 +67,41 @@ impl ReadReply {
 }
 
 impl Session {
+    /// Whether `req` arrives with a payload it is refused for: a command other than WRITE
+    /// that carries one (extended headers, `NBD_CMD_FLAG_PAYLOAD_LEN`: we take none), or a
+    /// WRITE longer than we accept. Then the payload (`req.len` bytes) is read and dropped to
+    /// keep the stream in sync, and the request answered with this error; `Err` when the
+    /// payload is too long to skip (a hard disconnect).
+    pub(crate) fn refused_payload(
+        &self,
+        req: &Request,
+    ) -> std::io::Result<Option<(u32, &'static str)>> {
+        let foreign = self.extended
+            && req.kind != CMD_WRITE
+            && req.kind != CMD_DISC
+            && req.flags & CMD_FLAG_PAYLOAD_LEN != 0;
+        let too_long = req.kind == CMD_WRITE && req.len > MAX_PAYLOAD as u64;
+        if !foreign && !too_long {
+            return Ok(None);
+        }
+        if req.len > MAX_DISCARD {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "request payload too long to skip",
+            ));
+        }
+        Ok(Some(if foreign {
+            (EINVAL, "this command takes no payload")
+        } else {
+            (EOVERFLOW, "write larger than 64 MiB")
+        }))
+    }
+
+    /// Whether WRITE `req` runs off the thread that parsed it: FUA (a flush follows), or an
+    /// export that says it may wait for a device (`writes_elsewhere`).
+    pub(crate) fn write_runs_off(&self, req: &Request) -> bool {
+        is_slow(req) || self.writes_elsewhere(req)
+    }
     /// Whether `req` is a (non-FUA) write to run off the thread that parsed it: the export
     /// says it may wait for a device (a large write that fills stripes on file drives), so
     /// writes of one connection go out in parallel instead of one after another.
