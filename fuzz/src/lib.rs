@@ -94,6 +94,53 @@ pub fn nbd_session_output(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// [`nbd_session`] on a server whose connections run on a reactor (`Config::reactors`):
+/// `data` goes over loopback TCP to one long-lived server (one reactor, every input a new
+/// connection on it, so a panic or a stuck connection shows in the inputs after it), the
+/// client's side is then shut for writing, and the server must close the connection within
+/// 10 s. Returns what the server sent.
+pub fn nbd_session_on_reactors(data: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    static ADDR: OnceLock<std::net::SocketAddr> = OnceLock::new();
+    let addr = ADDR.get_or_init(|| {
+        let mut e = StaticExports::new();
+        e.add("disk", "fuzz export", Arc::new(MemExport::new(1 << 20)));
+        e.set_default("disk");
+        let config = flashpool_nbd::Config {
+            max_buffer_bytes_per_connection: 1 << 20,
+            reactors: 1,
+            ..flashpool_nbd::Config::default()
+        };
+        let mut server =
+            flashpool_nbd::Server::new(Arc::new(e), config).expect("server with a reactor");
+        let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
+        std::thread::spawn(move || server.run());
+        addr
+    });
+    let s = TcpStream::connect(addr).expect("connect to the reactor server");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let mut w = s.try_clone().expect("clone");
+    let input = data.to_vec();
+    // The server may close early (a protocol violation): then this write fails, as a
+    // client's would.
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&input);
+        let _ = w.shutdown(std::net::Shutdown::Write);
+    });
+    let mut out = Vec::new();
+    let mut r = &s;
+    match r.read_to_end(&mut out) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the reactor did not close the connection: {e}"),
+    }
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    writer.join().expect("writer");
+    out
+}
+
 /// Seeds of `nbd_session`: scripted sessions that reach transmission and use every command,
 /// with compact headers (`EXPORT_NAME`, simple replies), structured replies (`GO`) and
 /// extended headers; each writes `b"flashpool"` at 4096 and reads it back.

@@ -68,6 +68,33 @@ fn nbd_session() {
     );
 }
 
+/// The same inputs with the connection on a reactor (non-blocking, partial reads and writes
+/// of a socket instead of a stream read whole): never a panic, never a connection left
+/// open once the client is done.
+#[test]
+fn nbd_session_on_reactors() {
+    drive(
+        "nbd_session",
+        |d| {
+            flashpool_fuzz::nbd_session_on_reactors(d);
+        },
+        1024,
+        cases() / 8,
+    );
+}
+
+/// On a reactor, the seeds' sessions read back what they wrote, as on a connection thread.
+#[test]
+fn nbd_session_seeds_on_reactors_read_back_their_writes() {
+    for (name, seed) in flashpool_fuzz::nbd_session_seeds() {
+        let out = flashpool_fuzz::nbd_session_on_reactors(&seed);
+        assert!(
+            out.windows(9).any(|w| w == b"flashpool"),
+            "seed {name}: the write was not read back on a reactor"
+        );
+    }
+}
+
 /// The nbd_session seeds reach transmission and read back what they wrote, so the fuzzer
 /// starts past the handshake; the committed corpus holds them.
 #[test]
