@@ -115,8 +115,6 @@ pub(super) struct Conn {
     reads: Option<AsyncReads>,
     /// No more requests are taken (the connection ends once all taken are answered).
     ending: bool,
-    /// Requests taken so far.
-    taken: u64,
     /// The socket failed: replies are dropped.
     failed: bool,
 }
@@ -148,7 +146,6 @@ impl Conn {
             group: Vec::new(),
             reads,
             ending: false,
-            taken: 0,
             failed: false,
         }
     }
@@ -246,24 +243,7 @@ impl Conn {
     /// again after the others: no event would announce what it has not read yet).
     pub(super) fn drive(&mut self, asks: &mut Asks) -> bool {
         for _ in 0..MAX_PASSES {
-            let mut progress = false;
-            if let Some(mut ar) = self.reads.take() {
-                let mut done = Vec::new();
-                ar.finished(&self.s, &mut done);
-                self.reads = Some(ar);
-                if !done.is_empty() {
-                    progress = true;
-                    for mut r in done {
-                        let want = (r.len() as u64).min(self.max_held);
-                        if want > r.held {
-                            self.held += want - r.held;
-                            r.held = want;
-                        }
-                        self.queue_replies(vec![r]);
-                    }
-                }
-            }
-            let taken = self.taken;
+            let mut progress = self.collect_reads();
             let parsed = if self.ending {
                 Parsed::Ending
             } else {
@@ -284,9 +264,9 @@ impl Conn {
             if let Some(ar) = self.reads.as_mut() {
                 ar.submit();
             }
-            if self.taken != taken {
-                // Requests taken: go round again, as reads may have finished inside `start`
-                // (no device read needed), which no event will announce.
+            // Reads may have finished inside `start` (no device read needed), which no event
+            // will announce: answer them now.
+            if self.collect_reads() {
                 progress = true;
             }
             if parsed == Parsed::NeedBytes {
@@ -315,6 +295,27 @@ impl Conn {
             }
         }
         true
+    }
+
+    /// Queues the replies of the reads finished so far; true when there were any.
+    fn collect_reads(&mut self) -> bool {
+        let Some(mut ar) = self.reads.take() else {
+            return false;
+        };
+        let mut done = Vec::new();
+        ar.finished(&self.s, &mut done);
+        self.reads = Some(ar);
+        let any = !done.is_empty();
+        for mut r in done {
+            // Topped up to its size (a read's reply can outgrow its charge by chunk headers).
+            let want = (r.len() as u64).min(self.max_held);
+            if want > r.held {
+                self.held += want - r.held;
+                r.held = want;
+            }
+            self.queue_replies(vec![r]);
+        }
+        any
     }
 
     /// Parses and starts every complete request the limits allow.
@@ -359,7 +360,6 @@ impl Conn {
             }
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
             if req.kind == CMD_DISC {
-                self.taken += 1;
                 self.inb.consume(hl);
                 self.ending = true;
                 return Ok(Parsed::Ending);
@@ -369,7 +369,6 @@ impl Conn {
                 let Some(held) = self.try_hold(SMALL_REPLY_CHARGE) else {
                     return Ok(Parsed::Blocked);
                 };
-                self.taken += 1;
                 self.inb.consume(hl);
                 self.discard = req.len;
                 let reply = self.s.error(&req, errno, msg);
@@ -392,7 +391,6 @@ impl Conn {
                 let Some(held) = self.try_hold(charge) else {
                     return Ok(Parsed::Blocked);
                 };
-                self.taken += 1;
                 if !fits {
                     // Longer than the read buffer: its own buffer, filled straight from the
                     // socket.
@@ -417,7 +415,6 @@ impl Conn {
             let Some(held) = self.try_hold(reply_charge(&req)) else {
                 return Ok(Parsed::Blocked);
             };
-            self.taken += 1;
             self.inb.consume(hl);
             let queued = self.reads.is_some();
             if self.s.reads_elsewhere(&req, queued) {
