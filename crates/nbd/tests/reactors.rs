@@ -3,7 +3,8 @@
 //! tests run on them too when `FLASHPOOL_NBD_REACTORS` is set, as CI does): many
 //! connections take no thread each, a request that blocks (a FLUSH held at a gate) holds
 //! up neither the requests behind it on its connection nor other connections on the same
-//! reactor, and a client that stops reading its replies stalls only itself.
+//! reactor, a client that stops reading its replies stalls only itself, and a shutdown
+//! answers what the workers still hold before it returns.
 
 mod common;
 
@@ -146,6 +147,50 @@ fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
     a.disc();
     b.disc();
     srv.stop();
+}
+
+/// A shutdown waits for a request a worker is still running (within the drain timeout),
+/// answers it, and only then closes the connection and returns.
+#[test]
+fn shutdown_answers_a_flush_still_at_its_worker_first() {
+    let gated = Arc::new(GatedFlush {
+        disk: MemExport::new(SIZE),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+        waiting: Mutex::new(0),
+    });
+    let mut set = StaticExports::new();
+    set.add("gated", "", gated.clone());
+    let srv = TestServer::start_exports(set, Arc::new(MemExport::new(4096)), reactors(1));
+    let mut c = Raw::connect(&srv, false, false);
+    c.request(0, CMD_FLUSH, 7, 0, 0, &[]);
+    let t0 = Instant::now();
+    while *gated.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        *gated.waiting.lock().unwrap(),
+        1,
+        "the flush is at the gate"
+    );
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopper = {
+        let stopped = stopped.clone();
+        std::thread::spawn(move || {
+            srv.stop();
+            stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !stopped.load(std::sync::atomic::Ordering::SeqCst),
+        "the server returned with a flush unanswered"
+    );
+    gated.release();
+    assert_eq!(c.simple(), (0, 7), "the flush is answered during the drain");
+    assert!(c.closed_by_server());
+    stopper.join().unwrap();
+    assert!(stopped.load(std::sync::atomic::Ordering::SeqCst));
 }
 
 #[test]
