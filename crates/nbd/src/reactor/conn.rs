@@ -115,6 +115,11 @@ pub(super) struct Conn {
     reads: Option<AsyncReads>,
     /// No more requests are taken (the connection ends once all taken are answered).
     ending: bool,
+    /// The last read of the socket took all it had (it returned less than there was room
+    /// for, or nothing): the next read waits for the socket's next event. Saves the `recv`
+    /// that would find nothing on every turn; safe with edge-triggered epoll, which reports
+    /// every arrival after a read began.
+    drained: bool,
     /// The socket failed: replies are dropped.
     failed: bool,
 }
@@ -146,6 +151,7 @@ impl Conn {
             group: Vec::new(),
             reads,
             ending: false,
+            drained: false,
             failed: false,
         }
     }
@@ -192,6 +198,11 @@ impl Conn {
     /// client had left.
     pub(super) fn shut_down(&mut self) {
         (self.closer)(Shutdown::Both);
+    }
+
+    /// The reactor saw an event on the socket: it may have bytes again.
+    pub(super) fn socket_event(&mut self) {
+        self.drained = false;
     }
 
     /// A worker answered `n` requests.
@@ -269,7 +280,7 @@ impl Conn {
             if self.collect_reads() {
                 progress = true;
             }
-            if parsed == Parsed::NeedBytes {
+            if parsed == Parsed::NeedBytes && !self.drained {
                 match self.read_socket() {
                     Ok(Some(0)) => {
                         if !self.inb.avail().is_empty() || self.long.is_some() || self.discard > 0 {
@@ -279,7 +290,7 @@ impl Conn {
                         progress = true;
                     }
                     Ok(Some(_)) => progress = true,
-                    Ok(None) => {}
+                    Ok(None) => self.drained = true,
                     Err(e) => {
                         tracing::debug!("connection closed: {e}");
                         self.ending = true;
@@ -460,7 +471,10 @@ impl Conn {
     /// `Ok(None)` when nothing is there, `Ok(Some(0))` at end of stream.
     fn read_socket(&mut self) -> io::Result<Option<usize>> {
         let Some(lw) = self.long.as_mut() else {
-            return self.inb.fill_now(self.fd);
+            let room = self.inb.buf.len() - self.inb.avail().len();
+            let got = self.inb.fill_now(self.fd)?;
+            self.drained = got.is_some_and(|n| n > 0 && n < room);
+            return Ok(got);
         };
         let want = lw.req.len as usize - lw.payload.len();
         let room = &mut lw.payload.spare_capacity_mut()[..want];
@@ -480,6 +494,7 @@ impl Conn {
                 let n = n as usize;
                 // SAFETY: recv initialised the first `n` bytes of the spare capacity.
                 unsafe { lw.payload.set_len(lw.payload.len() + n) };
+                self.drained = n > 0 && n < want;
                 return Ok(Some(n));
             }
             let e = io::Error::last_os_error();

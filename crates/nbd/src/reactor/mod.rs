@@ -299,7 +299,13 @@ impl Reactor {
                         self.take(m, &mut dirty);
                     }
                 } else {
-                    dirty.push((t >> 1) as usize);
+                    let key = (t >> 1) as usize;
+                    if t & 1 == 0 {
+                        if let Some(Some(c)) = self.conns.get_mut(key) {
+                            c.socket_event();
+                        }
+                    }
+                    dirty.push(key);
                 }
             }
             if polling {
