@@ -74,6 +74,15 @@ struct GatedFlush {
 }
 
 impl GatedFlush {
+    /// Waits until a FLUSH is at the gate.
+    fn wait_for_a_flush(&self) {
+        let t0 = Instant::now();
+        while *self.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
+            std::thread::yield_now();
+        }
+        assert_eq!(*self.waiting.lock().unwrap(), 1, "the flush is at the gate");
+    }
+
     fn release(&self) {
         *self.open.lock().unwrap() = true;
         self.opened.notify_all();
@@ -109,8 +118,8 @@ impl Export for GatedFlush {
     }
 }
 
-#[test]
-fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
+/// A server of one reactor over a gated export (its default).
+fn gated_server() -> (Arc<GatedFlush>, TestServer) {
     let gated = Arc::new(GatedFlush {
         disk: MemExport::new(SIZE),
         open: Mutex::new(false),
@@ -119,21 +128,19 @@ fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
     });
     let mut set = StaticExports::new();
     set.add("gated", "", gated.clone());
-    // One reactor: every connection shares it.
     let srv = TestServer::start_exports(set, Arc::new(MemExport::new(4096)), reactors(1));
+    (gated, srv)
+}
+
+#[test]
+fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
+    // One reactor: every connection shares it.
+    let (gated, srv) = gated_server();
     let mut a = Raw::connect(&srv, false, false);
     let d = pattern(8192, 7);
     assert_eq!(a.write(1, 0, &d), 0);
     a.request(0, CMD_FLUSH, 2, 0, 0, &[]);
-    let t0 = Instant::now();
-    while *gated.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
-        std::thread::yield_now();
-    }
-    assert_eq!(
-        *gated.waiting.lock().unwrap(),
-        1,
-        "the flush is at the gate"
-    );
+    gated.wait_for_a_flush();
     // The same connection goes on past its flush, and so does another one.
     assert_eq!(a.read_simple(3, 0, 8192).unwrap(), d);
     let mut b = Raw::connect(&srv, true, false);
@@ -153,26 +160,10 @@ fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
 /// answers it, and only then closes the connection and returns.
 #[test]
 fn shutdown_answers_a_flush_still_at_its_worker_first() {
-    let gated = Arc::new(GatedFlush {
-        disk: MemExport::new(SIZE),
-        open: Mutex::new(false),
-        opened: Condvar::new(),
-        waiting: Mutex::new(0),
-    });
-    let mut set = StaticExports::new();
-    set.add("gated", "", gated.clone());
-    let srv = TestServer::start_exports(set, Arc::new(MemExport::new(4096)), reactors(1));
+    let (gated, srv) = gated_server();
     let mut c = Raw::connect(&srv, false, false);
     c.request(0, CMD_FLUSH, 7, 0, 0, &[]);
-    let t0 = Instant::now();
-    while *gated.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
-        std::thread::yield_now();
-    }
-    assert_eq!(
-        *gated.waiting.lock().unwrap(),
-        1,
-        "the flush is at the gate"
-    );
+    gated.wait_for_a_flush();
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopper = {
         let stopped = stopped.clone();

@@ -242,9 +242,7 @@ impl Reactors {
             refuse(*e);
         }
     }
-}
 
-impl Reactors {
     /// Stops every reactor: each shuts its connections down, answers what they had taken,
     /// closes them and ends (not waited for here, as a connection thread is not).
     pub fn stop(&self) {
