@@ -31,6 +31,9 @@ impl Export for VolumeExport {
     fn write_may_block(&self, _offset: u64, len: u64) -> bool {
         self.0.write_may_wait(len)
     }
+    fn write_would_block_now(&self) -> bool {
+        self.0.write_would_wait_now()
+    }
     fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
         // Asked once per connection: no ring is set up for pools that would not use it.
         if !self.0.reads_suit_a_queue() {

@@ -525,6 +525,13 @@ impl Inner {
         }
     }
 
+    /// Whether every stripe buffer is taken (sealed stripes queued for the drives, or being
+    /// filled): an appender that seals a stripe now would wait for the drives.
+    pub(crate) fn buffers_short(&self) -> bool {
+        self.free_bufs.lock().is_empty()
+            && self.buffers_made.load(Ordering::Relaxed) >= self.max_buffers.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn return_buffer(&self, b: AlignedBuf) {
         self.free_bufs.lock().push(b);
         self.buf_cv.notify_one();

@@ -170,6 +170,14 @@ impl Volume {
         len >= (stripe_data / 4).max(B) && !self.pool.drives_complete_inline()
     }
 
+    /// Whether a write may wait for a drive now, whatever its size: every stripe buffer is
+    /// taken (the drives lag the writers), so a write that fills the open stripe waits for one
+    /// to be written. A hint for a thread that serves many clients (a reactor): it runs
+    /// writes elsewhere while this holds.
+    pub fn write_would_wait_now(&self) -> bool {
+        !self.pool.drives_complete_inline() && self.pool.buffers_short()
+    }
+
     /// Whether the volume's reads suit a [`crate::ReadQueue`]: every member drive is a file
     /// or block device the queue drives through io_uring. Not for memory drives (they
     /// complete at once anyway) nor for drives that would wait inside `start` (a simulated

@@ -64,8 +64,14 @@ fn config() -> PoolConfig {
 /// Writes `blocks` blocks of `seed`'s data from another thread while `gate` holds the stripe
 /// writer's first batch, until the writer thread has sealed six stripes (so at least five
 /// wait in the queue) and stops getting anywhere (every stripe buffer in use); then opens the
-/// gate and waits for the writes.
-fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &Gate, blocks: u64, seed: u64) {
+/// gate and waits for the writes. Returns, when the writer got stuck, whether the volume said
+/// then that a write would wait (`write_would_wait_now`).
+fn write_behind_a_closed_gate(
+    pool: &Arc<Pool>,
+    gate: &Gate,
+    blocks: u64,
+    seed: u64,
+) -> Option<bool> {
     gate.set(true);
     let done = Arc::new(AtomicU64::new(0));
     let writer = {
@@ -80,6 +86,7 @@ fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &Gate, blocks: u64, seed: 
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = (u64::MAX, Instant::now());
+    let mut stuck = None;
     loop {
         assert!(Instant::now() < deadline, "the writer never settled");
         let now = done.load(Ordering::SeqCst);
@@ -92,12 +99,14 @@ fn write_behind_a_closed_gate(pool: &Arc<Pool>, gate: &Gate, blocks: u64, seed: 
             && now >= 6 * STRIPE_BLOCKS
             && last.1.elapsed() > Duration::from_millis(200)
         {
+            stuck = Some(pool.volume("v").unwrap().write_would_wait_now());
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     gate.set(false);
     writer.join().unwrap();
+    stuck
 }
 
 fn check_all(pool: &Pool, blocks: u64, seed: u64) {
@@ -126,8 +135,17 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     let before = pool.stats();
     // 40 stripes of 64 KiB: more than the stripe buffers, all in the volume's first segments.
     let blocks = 40 * STRIPE_BLOCKS;
-    write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
+    let stuck = write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
+    eprintln!("writer stuck behind the gate, writes said they would wait: {stuck:?}");
+    // Stuck behind the gate, every stripe buffer was taken: the volume said writes would
+    // wait (what a reactor asks before it runs a write itself); written out, they would not.
+    assert_ne!(
+        stuck,
+        Some(false),
+        "a writer waited for buffers, unannounced"
+    );
     pool.flush().unwrap();
+    assert!(!pool.volume("v").unwrap().write_would_wait_now());
     let s = pool.stats();
     let chunks = s.chunk_writes - before.chunk_writes;
     let ops = s.drive_writes - before.drive_writes;

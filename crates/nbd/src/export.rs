@@ -212,6 +212,12 @@ pub trait Export: Send + Sync {
     fn write_may_block(&self, _offset: u64, _len: u64) -> bool {
         false
     }
+    /// Whether a write of any size may wait for a device right now (the export's write
+    /// buffers are all taken while its devices catch up). Reactors, whose one thread serves
+    /// many connections, then run writes on their workers. Default: false.
+    fn write_would_block_now(&self) -> bool {
+        false
+    }
     /// A queue of reads the connection's own thread starts and completes itself (see
     /// [`ReadQueue`]), for exports whose reads wait for devices it can drive asynchronously.
     /// The server asks once per connection and then sends the reads that `read_may_block`

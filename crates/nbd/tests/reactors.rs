@@ -64,9 +64,12 @@ fn many_connections_take_no_thread_each() {
     srv.stop();
 }
 
-/// A memory export whose FLUSH waits until the test opens the gate.
+/// A memory export whose FLUSH waits until the test opens the gate; with `writes_wait`, its
+/// writes too, and it says so (`write_would_block_now`, as a pool whose stripe buffers are
+/// all taken does).
 struct GatedFlush {
     disk: MemExport,
+    writes_wait: bool,
     open: Mutex<bool>,
     opened: Condvar,
     /// FLUSHes that have started waiting.
@@ -74,13 +77,22 @@ struct GatedFlush {
 }
 
 impl GatedFlush {
-    /// Waits until a FLUSH is at the gate.
+    /// Waits until a FLUSH (or a write, with `writes_wait`) is at the gate.
     fn wait_for_a_flush(&self) {
         let t0 = Instant::now();
         while *self.waiting.lock().unwrap() == 0 && t0.elapsed() < GUARD {
             std::thread::yield_now();
         }
         assert_eq!(*self.waiting.lock().unwrap(), 1, "the flush is at the gate");
+    }
+
+    /// Waits at the gate until it is open.
+    fn gate(&self) {
+        *self.waiting.lock().unwrap() += 1;
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
     }
 
     fn release(&self) {
@@ -97,14 +109,16 @@ impl Export for GatedFlush {
         self.disk.read(offset, buf)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        if self.writes_wait {
+            self.gate();
+        }
         self.disk.write(offset, data, fua)
     }
+    fn write_would_block_now(&self) -> bool {
+        self.writes_wait
+    }
     fn flush(&self) -> Result<(), ExportError> {
-        *self.waiting.lock().unwrap() += 1;
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.opened.wait(open).unwrap();
-        }
+        self.gate();
         Ok(())
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
@@ -119,9 +133,10 @@ impl Export for GatedFlush {
 }
 
 /// A server of one reactor over a gated export (its default).
-fn gated_server() -> (Arc<GatedFlush>, TestServer) {
+fn gated_server(writes_wait: bool) -> (Arc<GatedFlush>, TestServer) {
     let gated = Arc::new(GatedFlush {
         disk: MemExport::new(SIZE),
+        writes_wait,
         open: Mutex::new(false),
         opened: Condvar::new(),
         waiting: Mutex::new(0),
@@ -135,7 +150,7 @@ fn gated_server() -> (Arc<GatedFlush>, TestServer) {
 #[test]
 fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
     // One reactor: every connection shares it.
-    let (gated, srv) = gated_server();
+    let (gated, srv) = gated_server(false);
     let mut a = Raw::connect(&srv, false, false);
     let d = pattern(8192, 7);
     assert_eq!(a.write(1, 0, &d), 0);
@@ -156,11 +171,36 @@ fn a_blocked_flush_holds_up_nothing_else_on_its_reactor() {
     srv.stop();
 }
 
+/// While the export says a write would wait (its write buffers all taken), writes run on the
+/// reactor's workers: one stuck there holds up no read, on its connection or another.
+#[test]
+fn writes_that_would_wait_leave_the_reactor_free() {
+    let (gated, srv) = gated_server(true);
+    let d = pattern(4096, 5);
+    gated.disk.write(1 << 20, &d, false).unwrap();
+    let mut a = Raw::connect(&srv, false, false);
+    a.request(0, CMD_WRITE, 1, 0, 4096, &d);
+    gated.wait_for_a_flush();
+    assert_eq!(a.read_simple(2, 1 << 20, 4096).unwrap(), d);
+    let mut b = Raw::connect(&srv, false, false);
+    assert_eq!(b.read_simple(1, 1 << 20, 4096).unwrap(), d);
+    gated.release();
+    assert_eq!(
+        a.simple(),
+        (0, 1),
+        "the write is answered once its gate opens"
+    );
+    assert_eq!(a.read_simple(3, 0, 4096).unwrap(), d);
+    a.disc();
+    b.disc();
+    srv.stop();
+}
+
 /// A shutdown waits for a request a worker is still running (within the drain timeout),
 /// answers it, and only then closes the connection and returns.
 #[test]
 fn shutdown_answers_a_flush_still_at_its_worker_first() {
-    let (gated, srv) = gated_server();
+    let (gated, srv) = gated_server(false);
     let mut c = Raw::connect(&srv, false, false);
     c.request(0, CMD_FLUSH, 7, 0, 0, &[]);
     gated.wait_for_a_flush();

@@ -17,14 +17,14 @@
 use crate::admin::Controls;
 use crate::export::PoolExports;
 use flashpool_engine::Pool;
-use flashpool_nbd::{Export, ExportError, ExportSet, Extent};
+use flashpool_nbd::{Export, ExportError, ExportSet, Extent, ReadDone, ReadQueue};
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -255,6 +255,19 @@ impl Export for CountedExport {
     fn write_may_block(&self, offset: u64, len: u64) -> bool {
         self.inner.write_may_block(offset, len)
     }
+    fn write_would_block_now(&self) -> bool {
+        self.inner.write_would_block_now()
+    }
+    /// The volume's read queue, its reads counted as the others are: without it a counted
+    /// export's reads would leave the queue for the slower helper threads.
+    fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
+        let inner = self.inner.read_queue()?;
+        Some(Box::new(CountedReads {
+            inner,
+            read: self.read.clone(),
+            started: HashMap::new(),
+        }))
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         let t = Instant::now();
         let r = self.inner.write(offset, data, fua);
@@ -301,6 +314,46 @@ impl Export for CountedExport {
     }
     fn rotational(&self) -> bool {
         self.inner.rotational()
+    }
+}
+
+/// A connection's read queue, counted as the export's reads are: one request per read, its
+/// latency from `start` to `take`.
+struct CountedReads {
+    inner: Box<dyn ReadQueue>,
+    read: OpMetrics,
+    /// Reads started and not yet taken: when, and how many bytes.
+    started: HashMap<u64, (Instant, u64)>,
+}
+
+impl ReadQueue for CountedReads {
+    fn start(&mut self, token: u64, offset: u64, len: usize) {
+        self.started.insert(token, (Instant::now(), len as u64));
+        self.inner.start(token, offset, len);
+    }
+    fn submit(&mut self) {
+        self.inner.submit();
+    }
+    fn poll(&mut self) {
+        self.inner.poll();
+    }
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.inner.wait(fd)
+    }
+    fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
+        let (started, read) = (&mut self.started, &self.read);
+        self.inner.take(&mut |token, res| {
+            if let Some((t, len)) = started.remove(&token) {
+                read.record(len, t, &res);
+            }
+            f(token, res);
+        })
+    }
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding()
+    }
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.ready_fd()
     }
 }
 
@@ -838,6 +891,74 @@ fn block_stat(path: &str) -> Option<[u64; 7]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A counted volume of a file-drive pool keeps its read queue (the fast read path, as
+    /// without metrics), and the reads through it are counted.
+    #[test]
+    fn counted_exports_keep_the_read_queue_and_count_its_reads() {
+        use flashpool_engine::drive::{DriveRef, FileDrive};
+        use flashpool_engine::{Compression, PoolConfig};
+        let dir = std::env::temp_dir().join(format!("fp-metrics-rq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let drives: Vec<DriveRef> = (0..5)
+            .map(|i| {
+                let d = FileDrive::create(&dir.join(format!("d{i}.img")), 64 << 20).unwrap();
+                Arc::new(d) as DriveRef
+            })
+            .collect();
+        let cfg = PoolConfig {
+            k: 4,
+            m: 1,
+            chunk_size: 64 << 10,
+            segment_size: 4 << 20,
+            checkpoint_interval: 64 << 20,
+        };
+        let pool = Arc::new(Pool::create(drives, &cfg).unwrap());
+        pool.create_volume_with("default", 16 << 20, Compression::Off)
+            .unwrap();
+        let vol = pool.volume("default").unwrap();
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        vol.write(0, &data).unwrap();
+        vol.flush().unwrap();
+        let m = Metrics::new(pool.clone(), Arc::new(Controls::default())).unwrap();
+        let ex = m.exports().get("").unwrap();
+        let Some(mut q) = ex.read_queue() else {
+            // No io_uring here (or FLASHPOOL_IO_URING=off): no queue with or without metrics.
+            assert!(PoolExports(pool.clone())
+                .get("")
+                .unwrap()
+                .read_queue()
+                .is_none());
+            std::fs::remove_dir_all(&dir).unwrap();
+            return;
+        };
+        for i in 0..8u64 {
+            q.start(i, i * 65536, 4096);
+        }
+        q.submit();
+        let mut got = 0;
+        while got < 8 {
+            q.wait(None).unwrap();
+            while q.take(&mut |t, r| {
+                let d = r.unwrap();
+                let at = (t * 65536) as usize;
+                assert_eq!((*d).as_ref(), &data[at..at + 4096]);
+                got += 1;
+            }) {}
+        }
+        let page = m.render().unwrap();
+        assert!(
+            page.contains(r#"flashpool_volume_requests_total{op="read",volume="default"} 8"#),
+            "8 reads counted: {}",
+            page.lines()
+                .filter(|l| l.contains("requests_total"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        drop(q);
+        drop(ex);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn every_engine_counter_has_help() {

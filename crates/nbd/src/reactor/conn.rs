@@ -389,7 +389,9 @@ impl Conn {
             if req.kind == CMD_WRITE {
                 // From here on a WRITE's length is at most MAX_PAYLOAD.
                 let len = req.len as usize;
-                let off = self.s.write_runs_off(&req);
+                // A write that may wait (FUA, a large one, or any while the export's write
+                // buffers are all taken) runs on a worker: the reactor never waits for it.
+                let off = self.s.write_runs_off(&req) || self.s.export.write_would_block_now();
                 let fits = hl + len <= self.inb.buf.len();
                 if fits && have < hl + len {
                     return Ok(Parsed::NeedBytes);
@@ -457,7 +459,7 @@ impl Conn {
 
     /// A WRITE whose whole payload is in: to a worker, or run now.
     fn run_write(&mut self, req: Request, payload: Vec<u8>, held: u64, asks: &mut Asks) {
-        if self.s.write_runs_off(&req) {
+        if self.s.write_runs_off(&req) || self.s.export.write_would_block_now() {
             self.jobs += 1;
             asks.push(Job::One(SlowJob { req, payload, held }));
         } else {
