@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s ===\n' "$*"; }
+step() { printf '\n=== %s (%s) ===\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
