@@ -189,6 +189,13 @@ impl Conn {
         (self.closer)(Shutdown::Both);
         let dropped: u64 = self.out.drain(..).map(|r| r.held).sum();
         self.held -= dropped;
+        // Every request was answered: only a long write's payload cut off mid-read may still
+        // hold budget bytes.
+        debug_assert_eq!(
+            self.held,
+            self.long.as_ref().map_or(0, |l| l.held),
+            "budget bytes not given back"
+        );
         if let Some(f) = self.on_close.take() {
             f();
         }
