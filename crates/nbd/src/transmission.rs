@@ -572,7 +572,7 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                         // A read that waits for a device goes to a helper unless it is the
                         // only request in progress and no other is buffered (a client at
                         // queue depth 1): then the hand-off would only add a wake-up.
-                        let elsewhere = self.reads_elsewhere(&req, reads.is_some())
+                        let elsewhere = self.s.reads_elsewhere(&req, reads.is_some())
                             && !(inb.avail().len() < hl
                                 && batch.is_empty()
                                 && group.is_empty()
@@ -682,11 +682,6 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     fn helper_free(&self) -> bool {
         let h = lock(&self.helpers);
         h.idle > h.jobs.len() || h.threads < self.limits.max_helpers
-    }
-
-    /// Whether `req` is a read to run elsewhere than inline (`Session::reads_elsewhere`).
-    fn reads_elsewhere(&self, req: &Request, queued: bool) -> bool {
-        self.limits.max_helpers > 0 && self.s.reads_elsewhere(req, queued)
     }
 
     /// Queue an inline request's reply holding `held` budget bytes, topped up to

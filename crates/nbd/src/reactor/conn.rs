@@ -245,15 +245,20 @@ impl Conn {
         self.out.extend(replies);
     }
 
-    /// Queues an inline reply holding `held` bytes, topped up to its size (a reply can
-    /// outgrow its charge: many extents, a long error message, chunk headers).
-    fn push_reply(&mut self, bytes: Vec<u8>, mut held: u64) {
-        let want = (bytes.len() as u64).min(self.max_held);
-        if want > held {
-            self.held += want - held;
-            held = want;
+    /// Queues an inline reply holding `held` bytes, topped up to its size.
+    fn push_reply(&mut self, bytes: Vec<u8>, held: u64) {
+        self.queue_topped_up(Reply::new(bytes, held));
+    }
+
+    /// Queues a reply after topping its budget bytes up to its size (a reply can outgrow its
+    /// charge: many extents, a long error message, a read's chunk headers).
+    fn queue_topped_up(&mut self, mut r: Reply) {
+        let want = (r.len() as u64).min(self.max_held);
+        if want > r.held {
+            self.held += want - r.held;
+            r.held = want;
         }
-        self.queue_replies(vec![Reply::new(bytes, held)]);
+        self.queue_replies(vec![r]);
     }
 
     /// Runs whatever can run now, for at most `MAX_PASSES` passes; the jobs it makes go to
@@ -324,14 +329,8 @@ impl Conn {
         ar.finished(&self.s, &mut done);
         self.reads = Some(ar);
         let any = !done.is_empty();
-        for mut r in done {
-            // Topped up to its size (a read's reply can outgrow its charge by chunk headers).
-            let want = (r.len() as u64).min(self.max_held);
-            if want > r.held {
-                self.held += want - r.held;
-                r.held = want;
-            }
-            self.queue_replies(vec![r]);
+        for r in done {
+            self.queue_topped_up(r);
         }
         any
     }
@@ -396,13 +395,12 @@ impl Conn {
             if req.kind == CMD_WRITE {
                 // From here on a WRITE's length is at most MAX_PAYLOAD.
                 let len = req.len as usize;
-                // A write that may wait (FUA, a large one, or any while the export's write
-                // buffers are all taken) runs on a worker: the reactor never waits for it.
-                let off = self.s.write_runs_off(&req) || self.s.export.write_would_block_now();
                 let fits = hl + len <= self.inb.buf.len();
                 if fits && have < hl + len {
                     return Ok(Parsed::NeedBytes);
                 }
+                // A long one is decided when its payload is in (`run_write`).
+                let off = fits && self.write_to_worker(&req);
                 let charge = if off || !fits {
                     (len as u64).max(SMALL_REPLY_CHARGE)
                 } else {
@@ -464,9 +462,17 @@ impl Conn {
         }
     }
 
+    /// Whether WRITE `req` runs on a worker: one that may wait (FUA, a large one, or any
+    /// while the export's write buffers are all taken), so the reactor never waits for it.
+    /// Asked when the write can start (its payload in, or known to be long), as the export's
+    /// answer changes.
+    fn write_to_worker(&self, req: &Request) -> bool {
+        self.s.write_runs_off(req) || self.s.export.write_would_block_now()
+    }
+
     /// A WRITE whose whole payload is in: to a worker, or run now.
     fn run_write(&mut self, req: Request, payload: Vec<u8>, held: u64, asks: &mut Asks) {
-        if self.s.write_runs_off(&req) || self.s.export.write_would_block_now() {
+        if self.write_to_worker(&req) {
             self.jobs += 1;
             asks.push(Job::One(SlowJob { req, payload, held }));
         } else {
