@@ -48,7 +48,7 @@ echo "kill9: seed $SEED (rerun with KILL9_SEED=$SEED), $ROUNDS rounds, work dir 
 start_server() {
     rm -f "$SOCK"
     "$BIN" serve --data "$DATA" --socket "$SOCK" --listen "127.0.0.1:$PORT" \
-        --drive-size 512M --volume-size 256M >>"$WORK/server.log" 2>&1 &
+        --drive-size 256M --volume-size 256M >>"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 600); do
         if [ -S "$SOCK" ] && timeout 5 nbdinfo --size "$URI" >/dev/null 2>&1; then return 0; fi
