@@ -249,8 +249,10 @@ pub type ReadDone<'a> = dyn FnMut(u64, Result<ReadData, ExportError>) + 'a;
 
 /// Reads one thread starts and completes itself, many in flight at once, completing in any
 /// order: how a connection thread keeps its client's queue depth of reads on the devices
-/// without handing them to other threads (the reactor's read path). Owned by one
-/// connection; never shared.
+/// without handing them to other threads. Used by one thread at a time: a connection thread
+/// has one of its own; a reactor makes one per export its connections read and shares it
+/// among them (every call from the reactor's thread), so a queue's tokens are the server's
+/// to choose, not one connection's.
 pub trait ReadQueue: Send {
     /// Starts reading `len` bytes at `offset` (a range the server checked); the result comes
     /// out of [`ReadQueue::take`] under `token`.

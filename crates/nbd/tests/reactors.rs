@@ -370,3 +370,185 @@ fn reads_finished_inside_start_are_answered_without_an_event() {
     c.disc();
     srv.stop();
 }
+
+/// A read queue with no descriptor that finishes one read per poll, drawn at random from
+/// those started (seeded): reads of several connections complete interleaved and late.
+struct ShuffledQueue {
+    disk: Arc<MemExport>,
+    started: Vec<(u64, Vec<u8>)>,
+    done: std::collections::VecDeque<(u64, Vec<u8>)>,
+    rng: u64,
+}
+
+impl flashpool_nbd::ReadQueue for ShuffledQueue {
+    fn start(&mut self, token: u64, offset: u64, len: usize) {
+        let mut b = vec![0u8; len];
+        self.disk.read(offset, &mut b).unwrap();
+        self.started.push((token, b));
+    }
+    fn submit(&mut self) {}
+    fn poll(&mut self) {
+        if self.started.is_empty() {
+            return;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let i = (self.rng % self.started.len() as u64) as usize;
+        self.done.push_back(self.started.swap_remove(i));
+    }
+    fn wait(&mut self, _fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.poll();
+        Ok(false)
+    }
+    fn take(&mut self, f: &mut flashpool_nbd::ReadDone<'_>) -> bool {
+        let Some((t, b)) = self.done.pop_front() else {
+            return false;
+        };
+        f(t, Ok(Box::new(b)));
+        true
+    }
+    fn outstanding(&self) -> usize {
+        self.started.len() + self.done.len()
+    }
+}
+
+/// An export whose read queues are `ShuffledQueue`s, counting the queues made.
+struct CountedQueues {
+    disk: Arc<MemExport>,
+    made: Arc<std::sync::atomic::AtomicUsize>,
+    seed: u64,
+}
+
+impl Export for CountedQueues {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.disk.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.disk.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.disk.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.disk.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.disk.write_zeroes(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        self.disk.block_status(offset, len)
+    }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as u64;
+        Some(Box::new(ShuffledQueue {
+            disk: self.disk.clone(),
+            started: Vec::new(),
+            done: Default::default(),
+            rng: (self.seed + n).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        }))
+    }
+}
+
+/// A reactor makes one read queue per export and shares it among its connections to that
+/// export (not one per connection); each connection gets exactly its own reads back though
+/// they finish interleaved with the others', and the queue goes with the last connection.
+#[test]
+fn connections_on_a_reactor_share_one_read_queue_per_export() {
+    let seed = std::env::var("SHARED_READS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    eprintln!("seed {seed} (SHARED_READS_SEED to rerun)");
+    let (a_disk, b_disk) = (
+        Arc::new(MemExport::new(SIZE)),
+        Arc::new(MemExport::new(SIZE)),
+    );
+    a_disk.write(0, &pattern(1 << 20, 1), false).unwrap();
+    b_disk.write(0, &pattern(1 << 20, 2), false).unwrap();
+    let (a_made, b_made) = (Arc::default(), Arc::default());
+    let mut set = StaticExports::new();
+    set.add(
+        "a",
+        "",
+        Arc::new(CountedQueues {
+            disk: a_disk.clone(),
+            made: Arc::clone(&a_made),
+            seed,
+        }),
+    );
+    set.add(
+        "b",
+        "",
+        Arc::new(CountedQueues {
+            disk: b_disk.clone(),
+            made: Arc::clone(&b_made),
+            seed: seed ^ 0xff,
+        }),
+    );
+    let srv = TestServer::start_exports(set, a_disk.clone(), reactors(1));
+    let made =
+        |m: &Arc<std::sync::atomic::AtomicUsize>| m.load(std::sync::atomic::Ordering::SeqCst);
+    for round in 0..2 {
+        // Six connections to each export on the one reactor, each with 16 reads in flight.
+        let mut conns: Vec<(Raw, Arc<MemExport>)> = (0..12)
+            .map(|i| {
+                let mut c = srv.raw();
+                c.hello();
+                c.go(if i % 2 == 0 { "a" } else { "b" });
+                (
+                    c,
+                    if i % 2 == 0 {
+                        a_disk.clone()
+                    } else {
+                        b_disk.clone()
+                    },
+                )
+            })
+            .collect();
+        for (k, (c, _)) in conns.iter_mut().enumerate() {
+            let mut all = Vec::new();
+            for i in 0..16u64 {
+                all.extend_from_slice(&flashpool_nbd::wire::encode_request(
+                    &flashpool_nbd::wire::Request {
+                        flags: 0,
+                        kind: CMD_READ,
+                        handle: (k as u64) << 8 | i,
+                        offset: ((k as u64 * 16 + i) % 256) * 4096,
+                        len: 4096,
+                    },
+                ));
+            }
+            c.send(&all);
+        }
+        for (k, (c, disk)) in conns.iter_mut().enumerate() {
+            let mut seen = [false; 16];
+            for _ in 0..16 {
+                let (e, h) = c.simple();
+                assert_eq!(e, 0, "round {round} connection {k}");
+                assert_eq!(h >> 8, k as u64, "connection {k} got another's reply");
+                let i = (h & 0xff) as usize;
+                assert!(!std::mem::replace(&mut seen[i], true), "handle {h} twice");
+                let off = ((k * 16 + i) % 256) * 4096;
+                let mut want = vec![0u8; 4096];
+                disk.read(off as u64, &mut want).unwrap();
+                assert_eq!(c.recv(4096), want, "connection {k} read {i}");
+            }
+        }
+        assert_eq!(
+            (made(&a_made), made(&b_made)),
+            (round + 1, round + 1),
+            "read queues made by round {round}"
+        );
+        // The queues go with their last connections (closed before the client sees the
+        // end): the next round makes new ones.
+        for (c, _) in &mut conns {
+            c.disc();
+            assert!(c.closed_by_server());
+        }
+    }
+    srv.stop();
+}

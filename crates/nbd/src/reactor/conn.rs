@@ -1,5 +1,5 @@
 //! One connection on a reactor: the transmission phase as a state machine the reactor drives
-//! whenever something of the connection's is ready (its socket, its read queue's ring, a
+//! whenever something of the connection's is ready (its socket, its reads, a
 //! worker's finished request), never blocking on the socket.
 //!
 //! Each [`Conn::drive`] collects finished reads, parses and runs every complete request the
@@ -113,6 +113,8 @@ pub(super) struct Conn {
     /// READs gathered for one worker job (no read queue).
     group: Vec<(Request, u64)>,
     reads: Option<AsyncReads>,
+    /// The reactor's shared read queue `reads` is a share of (`shared_reads.rs`).
+    hub: Option<usize>,
     /// No more requests are taken (the connection ends once all taken are answered).
     ending: bool,
     /// The last read of the socket took all it had (it returned less than there was room
@@ -125,12 +127,13 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(e: Established) -> Conn {
-        let reads = e
-            .session
-            .export
-            .read_queue()
-            .map(|q| AsyncReads::new(q, e.fd));
+    /// A connection whose reads go to `reads` (a share of the reactor's queue `hub`).
+    pub(super) fn new(
+        e: Established,
+        reads: Option<Box<dyn crate::export::ReadQueue>>,
+        hub: Option<usize>,
+    ) -> Conn {
+        let reads = reads.map(|q| AsyncReads::new(q, e.fd));
         let mut inb = InBuf::new(READ_BUFFER);
         inb.preload(&e.leftover);
         Conn {
@@ -150,6 +153,7 @@ impl Conn {
             jobs: 0,
             group: Vec::new(),
             reads,
+            hub,
             ending: false,
             drained: false,
             failed: false,
@@ -164,16 +168,9 @@ impl Conn {
         &self.s
     }
 
-    /// The read queue's descriptor to wait on, if it has one.
-    pub(super) fn ready_fd(&self) -> Option<RawFd> {
-        self.reads.as_ref().and_then(|r| r.ready_fd())
-    }
-
-    /// Reads are in flight on a queue that cannot be waited on: the reactor polls it.
-    pub(super) fn needs_polling(&self) -> bool {
-        self.reads
-            .as_ref()
-            .is_some_and(|r| r.in_progress() > 0 && r.ready_fd().is_none())
+    /// The reactor's shared read queue this connection reads through.
+    pub(super) fn hub(&self) -> Option<usize> {
+        self.hub
     }
 
     /// Every request taken is answered and the connection takes no more: close it.

@@ -1,9 +1,9 @@
 //! Reactors (`Config::reactors`): a fixed set of threads, each owning many connections past
 //! their handshake, instead of a thread per connection (SPDK's reactors, Seastar). A reactor
-//! waits in one epoll on its connections' sockets, their read queues' rings and a wake-up
-//! eventfd, and drives whichever connection has something ready (`conn.rs`): requests that
-//! complete at once run inline, reads that wait for a device go on the connection's read
-//! queue, and what may block for long (FLUSH, FUA, large writes that fill stripes; reads of
+//! waits in one epoll on its connections' sockets, its read queues' rings (one per export
+//! its connections read, shared by them: `shared_reads.rs`) and a wake-up eventfd, and
+//! drives whichever connection has something ready (`conn.rs`): requests that complete at
+//! once run inline, reads that wait for a device go on the reactor's read queue, and what may block for long (FLUSH, FUA, large writes that fill stripes; reads of
 //! exports with no queue) goes to the reactor's workers, a bounded pool of threads whose
 //! answers come back through the reactor's inbox.
 //!
@@ -13,6 +13,7 @@
 
 mod conn;
 mod epoll;
+mod shared_reads;
 
 pub use conn::Established;
 
@@ -20,13 +21,17 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use crate::export::{Export, ReadQueue};
 use crate::handshake::Session;
 use crate::transmission::{Job, Reply};
 use conn::{Asks, Conn};
 use epoll::{Epoll, EventFd, Watch};
+use shared_reads::Hub;
 
-/// The token of the reactor's own eventfd (connections use `key << 1 | which`).
+/// The token of the reactor's own eventfd (a connection's socket uses its key).
 const WAKE: u64 = u64::MAX;
+/// The tag of a shared read queue's token (`HUB | index`).
+const HUB: u64 = 1 << 62;
 /// How often a reactor polls read queues that cannot be waited on (no descriptor).
 const POLL_MS: i32 = 1;
 
@@ -219,6 +224,8 @@ impl Reactors {
                 }),
                 conns: Vec::new(),
                 free: Vec::new(),
+                hubs: Vec::new(),
+                free_hubs: Vec::new(),
                 stopping: false,
             };
             std::thread::Builder::new()
@@ -258,6 +265,27 @@ impl Drop for Reactors {
     }
 }
 
+/// A read queue the reactor shares among its connections to one export.
+struct SharedQueue {
+    /// Held so the export's address, its key here, is not reused while the queue lives.
+    export: Arc<dyn Export>,
+    hub: Arc<std::sync::Mutex<Hub>>,
+    /// Its descriptor, watched in the epoll (None: polled while it has reads).
+    fd: Option<std::os::fd::RawFd>,
+    /// Connections using it.
+    users: usize,
+}
+
+fn lock_hub(h: &Mutex<Hub>) -> std::sync::MutexGuard<'_, Hub> {
+    lock(h)
+}
+
+/// Whether two handles name the same export (by address: the vtable part of a `dyn`
+/// pointer can differ for one object).
+fn same_export(a: &Arc<dyn Export>, b: &Arc<dyn Export>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
+}
+
 struct Reactor {
     ep: Epoll,
     inbox: Arc<Inbox>,
@@ -265,6 +293,9 @@ struct Reactor {
     workers: Arc<Workers>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
+    /// Read queues, one per export its connections read (see `shared_reads.rs`).
+    hubs: Vec<Option<SharedQueue>>,
+    free_hubs: Vec<usize>,
     stopping: bool,
 }
 
@@ -275,7 +306,8 @@ impl Reactor {
         // Connections that stopped with work left: driven again next round.
         let mut again: Vec<usize> = Vec::new();
         loop {
-            let polling = self.conns.iter().flatten().any(|c| c.needs_polling());
+            let polling = (self.hubs.iter().flatten())
+                .any(|h| h.fd.is_none() && lock_hub(&h.hub).outstanding() > 0);
             let timeout = if !again.is_empty() {
                 0
             } else if polling {
@@ -296,22 +328,26 @@ impl Reactor {
                     for m in self.inbox.take(false) {
                         self.take(m, &mut dirty);
                     }
+                } else if t & HUB != 0 {
+                    if let Some(Some(h)) = self.hubs.get((t & !HUB) as usize) {
+                        let mut hub = lock_hub(&h.hub);
+                        hub.collect();
+                        hub.take_touched(&mut dirty);
+                    }
                 } else {
-                    let key = (t >> 1) as usize;
-                    if t & 1 == 0 {
-                        if let Some(Some(c)) = self.conns.get_mut(key) {
-                            c.socket_event();
-                        }
+                    let key = t as usize;
+                    if let Some(Some(c)) = self.conns.get_mut(key) {
+                        c.socket_event();
                     }
                     dirty.push(key);
                 }
             }
             if polling {
-                dirty.extend(
-                    (self.conns.iter().enumerate())
-                        .filter(|(_, c)| c.as_ref().is_some_and(|c| c.needs_polling()))
-                        .map(|(k, _)| k),
-                );
+                for h in self.hubs.iter().flatten().filter(|h| h.fd.is_none()) {
+                    let mut hub = lock_hub(&h.hub);
+                    hub.collect();
+                    hub.take_touched(&mut dirty);
+                }
             }
             dirty.sort_unstable();
             dirty.dedup();
@@ -320,6 +356,15 @@ impl Reactor {
                     again.push(key);
                 }
             }
+            // Every connection's reads of this turn go to the devices in one submit per
+            // queue; reads a connection's poll collected for another are answered next turn.
+            for h in self.hubs.iter().flatten() {
+                let mut hub = lock_hub(&h.hub);
+                hub.submit();
+                hub.take_touched(&mut again);
+            }
+            again.sort_unstable();
+            again.dedup();
             if self.stopping && self.conns.iter().all(|c| c.is_none()) {
                 break;
             }
@@ -338,20 +383,16 @@ impl Reactor {
     fn take(&mut self, m: Msg, dirty: &mut Vec<usize>) {
         match m {
             Msg::Conn(e) => {
-                let mut c = Conn::new(*e);
-                if self.stopping {
-                    c.shut_down();
-                }
                 let key = self.free.pop().unwrap_or_else(|| {
                     self.conns.push(None);
                     self.conns.len() - 1
                 });
-                let tok = (key as u64) << 1;
-                let watched = self.ep.add(c.fd(), tok, Watch::Socket).and_then(|()| {
-                    c.ready_fd()
-                        .map_or(Ok(()), |fd| self.ep.add(fd, tok | 1, Watch::Readable))
-                });
-                if let Err(e) = watched {
+                let (reads, hub) = self.reads_for(&e.session.export, key);
+                let mut c = Conn::new(*e, reads, hub);
+                if self.stopping {
+                    c.shut_down();
+                }
+                if let Err(e) = self.ep.add(c.fd(), key as u64, Watch::Socket) {
                     tracing::warn!("cannot watch a connection: {e}");
                     c.shut_down();
                 }
@@ -398,14 +439,70 @@ impl Reactor {
         if c.finished() {
             let mut c = self.conns[key].take().expect("checked above");
             self.ep.remove(c.fd());
-            if let Some(fd) = c.ready_fd() {
-                self.ep.remove(fd);
-            }
             c.close();
+            if let Some(h) = c.hub() {
+                self.leave_hub(h);
+            }
+            drop(c);
             self.free.push(key);
             self.load.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
         more
+    }
+
+    /// The read queue for connection `key` to `export`: a share of the reactor's queue for
+    /// that export, made on the first connection to it (None: the export has no queue), and
+    /// the queue's index.
+    fn reads_for(
+        &mut self,
+        export: &Arc<dyn Export>,
+        key: usize,
+    ) -> (Option<Box<dyn ReadQueue>>, Option<usize>) {
+        let found = (self.hubs.iter_mut().enumerate()).find_map(|(i, h)| {
+            h.as_mut()
+                .filter(|h| same_export(&h.export, export))
+                .map(|h| (i, h))
+        });
+        if let Some((i, h)) = found {
+            h.users += 1;
+            return (Some(Box::new(Hub::port(&h.hub, key))), Some(i));
+        }
+        let Some(q) = export.read_queue() else {
+            return (None, None);
+        };
+        let i = self.free_hubs.pop().unwrap_or_else(|| {
+            self.hubs.push(None);
+            self.hubs.len() - 1
+        });
+        let hub = Hub::new(q);
+        let mut fd = lock_hub(&hub).ready_fd();
+        if let Some(f) = fd {
+            if let Err(e) = self.ep.add(f, HUB | i as u64, Watch::Readable) {
+                tracing::warn!("cannot watch a read queue (polling it instead): {e}");
+                fd = None;
+            }
+        }
+        let port = Hub::port(&hub, key);
+        self.hubs[i] = Some(SharedQueue {
+            export: Arc::clone(export),
+            hub,
+            fd,
+            users: 1,
+        });
+        (Some(Box::new(port)), Some(i))
+    }
+
+    /// A connection of shared queue `i` closed: the queue goes with its last one.
+    fn leave_hub(&mut self, i: usize) {
+        let h = self.hubs[i].as_mut().expect("a connection's queue");
+        h.users -= 1;
+        if h.users == 0 {
+            if let Some(fd) = h.fd {
+                self.ep.remove(fd);
+            }
+            self.hubs[i] = None;
+            self.free_hubs.push(i);
+        }
     }
 }

@@ -69,12 +69,6 @@ impl AsyncReads {
         self.slots.len() - self.free.len()
     }
 
-    /// The queue's descriptor that polls readable while a finished read waits
-    /// (`ReadQueue::ready_fd`).
-    pub(crate) fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.q.ready_fd()
-    }
-
     /// The connection's socket.
     pub(super) fn socket(&self) -> std::os::fd::RawFd {
         self.socket
