@@ -264,7 +264,11 @@ impl Server {
         let (rx, tx) = pipe()?;
         let reactors = match config.reactors {
             0 => None,
-            n => Some(Reactors::start(n, config.reactor_workers)?),
+            n => Some(Reactors::start(
+                n,
+                config.reactor_workers,
+                config.busy_poll,
+            )?),
         };
         Ok(Server {
             shared: Arc::new(Shared {
