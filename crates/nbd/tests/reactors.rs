@@ -296,45 +296,6 @@ impl flashpool_nbd::ReadQueue for InlineQueue {
     }
 }
 
-struct InlineReads(Arc<MemExport>);
-
-impl Export for InlineReads {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.0.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.0.write(offset, data, fua)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.0.flush()
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.0.trim(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.0.write_zeroes(offset, len)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
-        self.0.block_status(offset, len)
-    }
-    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1 (checked).
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
-        let never = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        Some(Box::new(InlineQueue {
-            disk: self.0.clone(),
-            done: Default::default(),
-            never,
-        }))
-    }
-}
-
 /// Reads that finish inside `start` are announced by no descriptor: the reactor still
 /// answers them (it once waited for an event that never came).
 #[test]
@@ -343,7 +304,23 @@ fn reads_finished_inside_start_are_answered_without_an_event() {
     let d = pattern(64 << 10, 9);
     disk.write(0, &d, false).unwrap();
     let mut set = StaticExports::new();
-    set.add("inline", "", Arc::new(InlineReads(disk.clone())));
+    set.add(
+        "inline",
+        "",
+        QueuedExport::new(disk.clone(), |disk| {
+            use std::os::fd::FromRawFd;
+            // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1 (checked).
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
+            let never = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+            Box::new(InlineQueue {
+                disk: disk.clone(),
+                done: Default::default(),
+                never,
+            })
+        }),
+    );
     let srv = TestServer::start_exports(set, disk, reactors(1));
     let mut c = Raw::connect(&srv, false, false);
     for round in 0..4u64 {
@@ -413,44 +390,21 @@ impl flashpool_nbd::ReadQueue for ShuffledQueue {
     }
 }
 
-/// An export whose read queues are `ShuffledQueue`s, counting the queues made.
-struct CountedQueues {
+/// An export whose read queues are `ShuffledQueue`s, counting the queues made in `made`.
+fn counted_queues(
     disk: Arc<MemExport>,
     made: Arc<std::sync::atomic::AtomicUsize>,
     seed: u64,
-}
-
-impl Export for CountedQueues {
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.disk.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.disk.write(offset, data, fua)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.disk.flush()
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.disk.trim(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.disk.write_zeroes(offset, len)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
-        self.disk.block_status(offset, len)
-    }
-    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
-        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as u64;
-        Some(Box::new(ShuffledQueue {
-            disk: self.disk.clone(),
+) -> Arc<QueuedExport> {
+    QueuedExport::new(disk, move |disk| {
+        let n = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as u64;
+        Box::new(ShuffledQueue {
+            disk: disk.clone(),
             started: Vec::new(),
             done: Default::default(),
-            rng: (self.seed + n).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-        }))
-    }
+            rng: (seed + n).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        })
+    })
 }
 
 /// A reactor makes one read queue per export and shares it among its connections to that
@@ -474,20 +428,12 @@ fn connections_on_a_reactor_share_one_read_queue_per_export() {
     set.add(
         "a",
         "",
-        Arc::new(CountedQueues {
-            disk: a_disk.clone(),
-            made: Arc::clone(&a_made),
-            seed,
-        }),
+        counted_queues(a_disk.clone(), Arc::clone(&a_made), seed),
     );
     set.add(
         "b",
         "",
-        Arc::new(CountedQueues {
-            disk: b_disk.clone(),
-            made: Arc::clone(&b_made),
-            seed: seed ^ 0xff,
-        }),
+        counted_queues(b_disk.clone(), Arc::clone(&b_made), seed ^ 0xff),
     );
     let srv = TestServer::start_exports(set, a_disk.clone(), reactors(1));
     let made =

@@ -12,9 +12,7 @@ mod common;
 use common::*;
 use flashpool_nbd::proto::*;
 use flashpool_nbd::wire;
-use flashpool_nbd::{
-    Config, Export, ExportError, Extent, MemExport, ReadDone, ReadQueue, StaticExports,
-};
+use flashpool_nbd::{Config, Export, ExportError, MemExport, ReadDone, ReadQueue, StaticExports};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::os::fd::RawFd;
@@ -37,50 +35,6 @@ struct Rules {
     /// Every other wait with reads pending says the socket is readable when it may not be
     /// (as a poll that fired for bytes a read already took).
     spurious: bool,
-}
-
-struct DelayExport {
-    disk: Arc<MemExport>,
-    rules: Rules,
-    /// Most reads a queue held at once (over every connection's queue).
-    most: Arc<AtomicUsize>,
-}
-
-impl Export for DelayExport {
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.disk.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.disk.write(offset, data, fua)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.disk.flush()
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.disk.trim(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.disk.write_zeroes(offset, len)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
-        self.disk.block_status(offset, len)
-    }
-    fn read_may_block(&self, _offset: u64, _len: u64) -> bool {
-        true
-    }
-    fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
-        Some(Box::new(DelayQueue {
-            disk: self.disk.clone(),
-            rules: self.rules,
-            most: self.most.clone(),
-            pending: Vec::new(),
-            ready: VecDeque::new(),
-            waits: 0,
-        }))
-    }
 }
 
 struct DelayQueue {
@@ -180,15 +134,19 @@ fn server(rules: Rules, config: Config) -> (TestServer, Arc<AtomicUsize>) {
     let disk = Arc::new(MemExport::new(SIZE));
     let most = Arc::new(AtomicUsize::new(0));
     let mut set = StaticExports::new();
-    set.add(
-        "default",
-        "delaying",
-        Arc::new(DelayExport {
-            disk: disk.clone(),
-            rules,
-            most: most.clone(),
-        }),
-    );
+    set.add("default", "delaying", {
+        let most = most.clone();
+        QueuedExport::new(disk.clone(), move |disk| {
+            Box::new(DelayQueue {
+                disk: disk.clone(),
+                rules,
+                most: most.clone(),
+                pending: Vec::new(),
+                ready: VecDeque::new(),
+                waits: 0,
+            })
+        })
+    });
     (TestServer::start_exports(set, disk, config), most)
 }
 

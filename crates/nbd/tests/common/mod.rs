@@ -418,3 +418,60 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Makes a read queue over an export's memory disk.
+pub type MakeQueue = dyn Fn(&Arc<MemExport>) -> Box<dyn flashpool_nbd::ReadQueue> + Send + Sync;
+
+/// A memory export whose read queues (`Export::read_queue`, one per connection thread or per
+/// reactor) `make` builds: how the tests put a queue of their own (late, out of order,
+/// counted) under a real server. Everything else goes to `disk`.
+pub struct QueuedExport {
+    pub disk: Arc<MemExport>,
+    pub make: Box<MakeQueue>,
+}
+
+impl QueuedExport {
+    pub fn new(
+        disk: Arc<MemExport>,
+        make: impl Fn(&Arc<MemExport>) -> Box<dyn flashpool_nbd::ReadQueue> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(QueuedExport {
+            disk,
+            make: Box::new(make),
+        })
+    }
+}
+
+impl flashpool_nbd::Export for QueuedExport {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), flashpool_nbd::ExportError> {
+        self.disk.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), flashpool_nbd::ExportError> {
+        self.disk.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), flashpool_nbd::ExportError> {
+        self.disk.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), flashpool_nbd::ExportError> {
+        self.disk.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), flashpool_nbd::ExportError> {
+        self.disk.write_zeroes(offset, len)
+    }
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<flashpool_nbd::Extent>, flashpool_nbd::ExportError> {
+        self.disk.block_status(offset, len)
+    }
+    fn read_may_block(&self, _offset: u64, _len: u64) -> bool {
+        true
+    }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        Some((self.make)(&self.disk))
+    }
+}
