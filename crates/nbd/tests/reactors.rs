@@ -260,24 +260,71 @@ fn a_client_that_stops_reading_stalls_only_itself() {
     srv.stop();
 }
 
-/// A read queue that completes every read inside `start` (as the engine's does for blocks
-/// that need no device read: unmapped, still in a stripe buffer) and has a descriptor to
-/// wait on that never becomes readable for them.
-struct InlineQueue {
+/// A test read queue over a memory disk. Inline (`rng` None): every read completes inside
+/// `start` (as the engine's does for blocks that need no device read: unmapped, still in a
+/// stripe buffer), with a descriptor to wait on that never becomes readable for them.
+/// Shuffled (`rng` Some): no descriptor, and one read finishes per poll, drawn at random
+/// from those started (seeded), so reads of several connections complete interleaved and
+/// late.
+struct TestQueue {
     disk: Arc<MemExport>,
+    started: Vec<(u64, Vec<u8>)>,
     done: std::collections::VecDeque<(u64, Vec<u8>)>,
-    never: std::os::fd::OwnedFd,
+    rng: Option<u64>,
+    never: Option<std::os::fd::OwnedFd>,
 }
 
-impl flashpool_nbd::ReadQueue for InlineQueue {
+impl TestQueue {
+    fn inline(disk: &Arc<MemExport>) -> Box<TestQueue> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1 (checked).
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
+        let never = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Box::new(TestQueue {
+            disk: disk.clone(),
+            started: Vec::new(),
+            done: Default::default(),
+            rng: None,
+            never: Some(never),
+        })
+    }
+
+    fn shuffled(disk: &Arc<MemExport>, seed: u64) -> Box<TestQueue> {
+        Box::new(TestQueue {
+            disk: disk.clone(),
+            started: Vec::new(),
+            done: Default::default(),
+            rng: Some(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+            never: None,
+        })
+    }
+}
+
+impl flashpool_nbd::ReadQueue for TestQueue {
     fn start(&mut self, token: u64, offset: u64, len: usize) {
         let mut b = vec![0u8; len];
         self.disk.read(offset, &mut b).unwrap();
-        self.done.push_back((token, b));
+        if self.rng.is_some() {
+            self.started.push((token, b));
+        } else {
+            self.done.push_back((token, b));
+        }
     }
     fn submit(&mut self) {}
-    fn poll(&mut self) {}
+    fn poll(&mut self) {
+        let Some(rng) = self.rng.as_mut().filter(|_| !self.started.is_empty()) else {
+            return;
+        };
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        let i = (*rng % self.started.len() as u64) as usize;
+        self.done.push_back(self.started.swap_remove(i));
+    }
     fn wait(&mut self, _fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.poll();
         Ok(false)
     }
     fn take(&mut self, f: &mut flashpool_nbd::ReadDone<'_>) -> bool {
@@ -288,11 +335,11 @@ impl flashpool_nbd::ReadQueue for InlineQueue {
         true
     }
     fn outstanding(&self) -> usize {
-        self.done.len()
+        self.started.len() + self.done.len()
     }
     fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
-        Some(self.never.as_raw_fd())
+        self.never.as_ref().map(|f| f.as_raw_fd())
     }
 }
 
@@ -307,19 +354,7 @@ fn reads_finished_inside_start_are_answered_without_an_event() {
     set.add(
         "inline",
         "",
-        QueuedExport::new(disk.clone(), |disk| {
-            use std::os::fd::FromRawFd;
-            // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1 (checked).
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            assert!(fd >= 0);
-            // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
-            let never = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-            Box::new(InlineQueue {
-                disk: disk.clone(),
-                done: Default::default(),
-                never,
-            })
-        }),
+        QueuedExport::new(disk.clone(), |disk| TestQueue::inline(disk)),
     );
     let srv = TestServer::start_exports(set, disk, reactors(1));
     let mut c = Raw::connect(&srv, false, false);
@@ -348,49 +383,7 @@ fn reads_finished_inside_start_are_answered_without_an_event() {
     srv.stop();
 }
 
-/// A read queue with no descriptor that finishes one read per poll, drawn at random from
-/// those started (seeded): reads of several connections complete interleaved and late.
-struct ShuffledQueue {
-    disk: Arc<MemExport>,
-    started: Vec<(u64, Vec<u8>)>,
-    done: std::collections::VecDeque<(u64, Vec<u8>)>,
-    rng: u64,
-}
-
-impl flashpool_nbd::ReadQueue for ShuffledQueue {
-    fn start(&mut self, token: u64, offset: u64, len: usize) {
-        let mut b = vec![0u8; len];
-        self.disk.read(offset, &mut b).unwrap();
-        self.started.push((token, b));
-    }
-    fn submit(&mut self) {}
-    fn poll(&mut self) {
-        if self.started.is_empty() {
-            return;
-        }
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let i = (self.rng % self.started.len() as u64) as usize;
-        self.done.push_back(self.started.swap_remove(i));
-    }
-    fn wait(&mut self, _fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
-        self.poll();
-        Ok(false)
-    }
-    fn take(&mut self, f: &mut flashpool_nbd::ReadDone<'_>) -> bool {
-        let Some((t, b)) = self.done.pop_front() else {
-            return false;
-        };
-        f(t, Ok(Box::new(b)));
-        true
-    }
-    fn outstanding(&self) -> usize {
-        self.started.len() + self.done.len()
-    }
-}
-
-/// An export whose read queues are `ShuffledQueue`s, counting the queues made in `made`.
+/// An export whose read queues are shuffled `TestQueue`s, counting the queues made in `made`.
 fn counted_queues(
     disk: Arc<MemExport>,
     made: Arc<std::sync::atomic::AtomicUsize>,
@@ -398,12 +391,7 @@ fn counted_queues(
 ) -> Arc<QueuedExport> {
     QueuedExport::new(disk, move |disk| {
         let n = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as u64;
-        Box::new(ShuffledQueue {
-            disk: disk.clone(),
-            started: Vec::new(),
-            done: Default::default(),
-            rng: (seed + n).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-        })
+        TestQueue::shuffled(disk, seed + n)
     })
 }
 
