@@ -6,6 +6,8 @@
 # I/O (utime+stime over the fio run).
 #
 #   bash bench/many_connections.sh [ROUNDS] [REACTORS...]      (defaults: 2 rounds; 1 and 2)
+#
+# ONLY=REGEX runs only the rows whose name matches (e.g. ONLY=reactors2-file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 fp=${FLASHPOOL:-$root/target/release/flashpool}
@@ -16,11 +18,13 @@ reactors=("$@")
 [ $# -eq 0 ] && reactors=(1 2)
 run() { # name, serve args...
     local name=$1; shift
+    [[ $name =~ ${ONLY:-.} ]] || return 0
     local w=$work/$name
     rm -rf "$w"; mkdir -p "$w"
     "$fp" serve --data "$w/data" --socket "$w/nbd.sock" --listen 127.0.0.1:0 "$@" >"$w/log" 2>&1 &
     local srv=$!
-    for _ in $(seq 100); do [ -S "$w/nbd.sock" ] && break; sleep 0.1; done
+    # Memory drives are touched whole at start (5 GiB by default): seconds on a busy machine.
+    for _ in $(seq 600); do [ -S "$w/nbd.sock" ] && break; sleep 0.1; done
     local uri="nbd+unix:///default?socket=$w/nbd.sock"
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --size=256M --iodepth=8 >/dev/null
     local t0 t1

@@ -376,12 +376,9 @@ impl Reactor {
                     again.push(key);
                 }
             }
-            // Every connection's reads of this turn go to the devices in one submit per
-            // queue; reads a connection's poll collected for another are answered next turn.
+            // Reads a connection's poll collected for another are answered next turn.
             for h in self.hubs.iter().flatten() {
-                let mut hub = lock_hub(&h.hub);
-                hub.submit();
-                hub.take_touched(&mut again);
+                lock_hub(&h.hub).take_touched(&mut again);
             }
             again.sort_unstable();
             again.dedup();

@@ -7,9 +7,11 @@
 //! A connection sees its share as a [`Port`], an ordinary [`ReadQueue`]: its reads go into
 //! the shared queue under tokens of the hub's own ([`Hub::routes`]), and whatever
 //! completions any connection's poll collects are sorted into each port's mailbox, the
-//! connections they belong to noted so the reactor drives them ([`Hub::take_touched`]). A
-//! port's `submit` only marks the queue: the reactor submits each queue once per turn, after
-//! driving its connections ([`Hub::submit`]).
+//! connections they belong to noted so the reactor drives them ([`Hub::take_touched`]).
+//! Submitting stays per connection (a port's `submit` submits the queue if anything was
+//! started since): deferring it to the end of the reactor's turn saved no `io_uring_enter`
+//! (about 0.27 per read either way with 16 connections at depth 4, each connection's reads
+//! already arrive in groups) and would hold the first connection's reads for the others.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -43,7 +45,7 @@ pub(super) struct Hub {
     free_ports: Vec<usize>,
     /// Connections whose mailboxes got reads since the reactor last asked.
     touched: Vec<usize>,
-    /// Reads started since the last submit.
+    /// Reads started (by any port) since the last submit.
     unsubmitted: bool,
 }
 
@@ -94,8 +96,8 @@ impl Hub {
         self.mail.iter().flatten().map(|m| m.outstanding).sum()
     }
 
-    /// Hands the reads started this turn to the devices, once for all the ports.
-    pub(super) fn submit(&mut self) {
+    /// Hands the reads started since the last submit to the devices.
+    fn submit(&mut self) {
         if std::mem::take(&mut self.unsubmitted) {
             self.q.submit();
         }
@@ -169,8 +171,9 @@ impl ReadQueue for Port {
         })
     }
 
-    /// Only marks the queue: the reactor submits it once a turn ([`Hub::submit`]).
-    fn submit(&mut self) {}
+    fn submit(&mut self) {
+        self.with(|h, _| h.submit())
+    }
 
     fn poll(&mut self) {
         self.with(|h, _| h.collect())
