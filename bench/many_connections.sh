@@ -33,6 +33,8 @@ run() { # name, serve args...
         --numjobs=16 --group_reporting --time_based --runtime=5 --output-format=json >"$w/fio.json"
     t1=$(awk '{print $14+$15}' "/proc/$srv/stat")
     kill -INT "$srv"; wait "$srv" || true
+    # The pool's drive files take GiBs (allocated at full size): not kept.
+    rm -rf "$w/data"
     python3 - "$name" "$t0" "$t1" "$(getconf CLK_TCK)" "$w/fio.json" <<'PY'
 import json, sys
 name, t0, t1, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])

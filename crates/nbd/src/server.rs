@@ -264,11 +264,7 @@ impl Server {
         let (rx, tx) = pipe()?;
         let reactors = match config.reactors {
             0 => None,
-            n => Some(Reactors::start(
-                n,
-                config.reactor_workers,
-                config.busy_poll,
-            )?),
+            n => Some(Reactors::start(n, config.reactor_workers)?),
         };
         Ok(Server {
             shared: Arc::new(Shared {

@@ -201,13 +201,8 @@ pub struct Reactors {
 }
 
 impl Reactors {
-    /// Starts `n` reactor threads (at least one), each with up to `workers` worker threads,
-    /// each polling for `busy_poll` after its last event before it sleeps.
-    pub fn start(
-        n: usize,
-        workers: usize,
-        busy_poll: std::time::Duration,
-    ) -> std::io::Result<Reactors> {
+    /// Starts `n` reactor threads (at least one), each with up to `workers` worker threads.
+    pub fn start(n: usize, workers: usize) -> std::io::Result<Reactors> {
         let mut handles = Vec::new();
         for i in 0..n.max(1) {
             let inbox = Arc::new(Inbox {
@@ -231,7 +226,6 @@ impl Reactors {
                 free: Vec::new(),
                 hubs: Vec::new(),
                 free_hubs: Vec::new(),
-                busy_poll,
                 stopping: false,
             };
             std::thread::Builder::new()
@@ -302,10 +296,6 @@ struct Reactor {
     /// Read queues, one per export its connections read (see `shared_reads.rs`).
     hubs: Vec<Option<SharedQueue>>,
     free_hubs: Vec<usize>,
-    /// How long after its last event the reactor keeps asking for the next one without
-    /// sleeping (`Config::busy_poll`): a client that waits for each reply sends its next
-    /// request within a round trip, and a sleeping reactor pays a wake-up for it.
-    busy_poll: std::time::Duration,
     stopping: bool,
 }
 
@@ -315,13 +305,10 @@ impl Reactor {
         let mut dirty: Vec<usize> = Vec::new();
         // Connections that stopped with work left: driven again next round.
         let mut again: Vec<usize> = Vec::new();
-        // When the reactor last had something to do (None: not since it last slept).
-        let mut busy: Option<std::time::Instant> = None;
         loop {
             let polling = (self.hubs.iter().flatten())
                 .any(|h| h.fd.is_none() && lock_hub(&h.hub).outstanding() > 0);
-            let spinning = busy.is_some_and(|t| t.elapsed() < self.busy_poll);
-            let timeout = if !again.is_empty() || spinning {
+            let timeout = if !again.is_empty() {
                 0
             } else if polling {
                 POLL_MS
@@ -333,13 +320,6 @@ impl Reactor {
                 tracing::error!("reactor wait failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            busy = if !ready.is_empty() || !again.is_empty() {
-                Some(std::time::Instant::now())
-            } else if spinning {
-                busy
-            } else {
-                None
-            };
             dirty.clear();
             dirty.append(&mut again);
             for &t in &ready {
