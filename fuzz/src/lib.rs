@@ -7,7 +7,7 @@ use flashpool_engine::format::{
     checkpoint::CheckpointImage, header::ChunkHeader, superblock::Superblock,
 };
 use flashpool_engine::{Pool, PoolConfig};
-use flashpool_nbd::{MemExport, StaticExports};
+use flashpool_nbd::{Export, MemExport, StaticExports};
 use std::io::Cursor;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -94,7 +94,8 @@ pub fn nbd_session_output(data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// [`nbd_session`] on a server whose connections run on a reactor (`Config::reactors`):
+/// [`nbd_session`] on a server whose connections run on a reactor (`Config::reactors`), its
+/// export read through a read queue (`LateReads`):
 /// `data` goes over loopback TCP to one long-lived server (one reactor, every input a new
 /// connection on it, so a panic or a stuck connection shows in the inputs after it), the
 /// client's side is then shut for writing, and the server must close the connection within
@@ -105,7 +106,12 @@ pub fn nbd_session_on_reactors(data: &[u8]) -> Vec<u8> {
     static ADDR: OnceLock<std::net::SocketAddr> = OnceLock::new();
     let addr = ADDR.get_or_init(|| {
         let mut e = StaticExports::new();
-        e.add("disk", "fuzz export", Arc::new(MemExport::new(1 << 20)));
+        // Reads through a read queue, so the reactor's shared queue is fuzzed too.
+        e.add(
+            "disk",
+            "fuzz export",
+            Arc::new(LateReads(Arc::new(MemExport::new(1 << 20)))),
+        );
         e.set_default("disk");
         let config = flashpool_nbd::Config {
             max_buffer_bytes_per_connection: 1 << 20,
@@ -139,6 +145,80 @@ pub fn nbd_session_on_reactors(data: &[u8]) -> Vec<u8> {
     let _ = s.shutdown(std::net::Shutdown::Both);
     writer.join().expect("writer");
     out
+}
+
+/// A memory export whose reads go through a read queue that finishes them late (at the
+/// next poll, the last started first) and has no descriptor: on a reactor, the shared read
+/// queue's routing and polling.
+struct LateReads(Arc<MemExport>);
+
+impl Export for LateReads {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), flashpool_nbd::ExportError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), flashpool_nbd::ExportError> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), flashpool_nbd::ExportError> {
+        self.0.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), flashpool_nbd::ExportError> {
+        self.0.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), flashpool_nbd::ExportError> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<flashpool_nbd::Extent>, flashpool_nbd::ExportError> {
+        self.0.block_status(offset, len)
+    }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
+        Some(Box::new(LateQueue {
+            disk: self.0.clone(),
+            started: Vec::new(),
+            done: std::collections::VecDeque::new(),
+        }))
+    }
+}
+
+type Finished = (u64, Result<Vec<u8>, flashpool_nbd::ExportError>);
+
+struct LateQueue {
+    disk: Arc<MemExport>,
+    started: Vec<Finished>,
+    done: std::collections::VecDeque<Finished>,
+}
+
+impl flashpool_nbd::ReadQueue for LateQueue {
+    fn start(&mut self, token: u64, offset: u64, len: usize) {
+        let mut b = vec![0u8; len];
+        let r = self.disk.read(offset, &mut b).map(|()| b);
+        self.started.push((token, r));
+    }
+    fn submit(&mut self) {}
+    fn poll(&mut self) {
+        self.done.extend(self.started.drain(..).rev());
+    }
+    fn wait(&mut self, _fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.poll();
+        Ok(false)
+    }
+    fn take(&mut self, f: &mut flashpool_nbd::ReadDone<'_>) -> bool {
+        let Some((t, r)) = self.done.pop_front() else {
+            return false;
+        };
+        f(t, r.map(|b| Box::new(b) as flashpool_nbd::ReadData));
+        true
+    }
+    fn outstanding(&self) -> usize {
+        self.started.len() + self.done.len()
+    }
 }
 
 /// Seeds of `nbd_session`: scripted sessions that reach transmission and use every command,

@@ -90,7 +90,9 @@ pub struct ServeArgs {
     /// Size of the `default` volume of a new pool (thin).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub volume_size: u64,
-    /// Memory drives instead of files (benchmarks; nothing survives exit).
+    /// Memory drives instead of files (benchmarks; nothing survives exit). Their memory is
+    /// taken and touched whole at start (drives x --drive-size: 5 GiB for the default shape),
+    /// so page faults stay off the write path.
     #[arg(long)]
     pub memory: bool,
     /// Simulated SSDs instead of files: a `flashpool sim` preset name (slc, mlc, tlc, qlc,
