@@ -3,9 +3,10 @@
 //! waits in one epoll on its connections' sockets, its read queues' rings (one per export
 //! its connections read, shared by them: `shared_reads.rs`) and a wake-up eventfd, and
 //! drives whichever connection has something ready (`conn.rs`): requests that complete at
-//! once run inline, reads that wait for a device go on the reactor's read queue, and what may block for long (FLUSH, FUA, large writes that fill stripes; reads of
-//! exports with no queue) goes to the reactor's workers, a bounded pool of threads whose
-//! answers come back through the reactor's inbox.
+//! once run inline, reads that wait for a device go on the reactor's read queue, and what
+//! may block for long (FLUSH, FUA, large writes that fill stripes; reads of exports with no
+//! queue) goes to the reactor's workers, a bounded pool of threads whose answers come back
+//! through the reactor's inbox.
 //!
 //! Connections are placed on the reactor with the fewest at hand-off and stay there. The
 //! handshake still runs on a short-lived thread of its own (it is a few round trips, and
@@ -269,15 +270,11 @@ impl Drop for Reactors {
 struct SharedQueue {
     /// Held so the export's address, its key here, is not reused while the queue lives.
     export: Arc<dyn Export>,
-    hub: Arc<std::sync::Mutex<Hub>>,
+    hub: Arc<Mutex<Hub>>,
     /// Its descriptor, watched in the epoll (None: polled while it has reads).
     fd: Option<std::os::fd::RawFd>,
     /// Connections using it.
     users: usize,
-}
-
-fn lock_hub(h: &Mutex<Hub>) -> std::sync::MutexGuard<'_, Hub> {
-    lock(h)
 }
 
 /// Whether two handles name the same export (by address: the vtable part of a `dyn`
@@ -307,7 +304,7 @@ impl Reactor {
         let mut again: Vec<usize> = Vec::new();
         loop {
             let polling = (self.hubs.iter().flatten())
-                .any(|h| h.fd.is_none() && lock_hub(&h.hub).outstanding() > 0);
+                .any(|h| h.fd.is_none() && lock(&h.hub).outstanding() > 0);
             let timeout = if !again.is_empty() {
                 0
             } else if polling {
@@ -330,8 +327,8 @@ impl Reactor {
                     }
                 } else if t & HUB != 0 {
                     if let Some(Some(h)) = self.hubs.get((t & !HUB) as usize) {
-                        let mut hub = lock_hub(&h.hub);
-                        hub.collect();
+                        let mut hub = lock(&h.hub);
+                        hub.collect(None);
                         hub.take_touched(&mut dirty);
                     }
                 } else {
@@ -344,8 +341,8 @@ impl Reactor {
             }
             if polling {
                 for h in self.hubs.iter().flatten().filter(|h| h.fd.is_none()) {
-                    let mut hub = lock_hub(&h.hub);
-                    hub.collect();
+                    let mut hub = lock(&h.hub);
+                    hub.collect(None);
                     hub.take_touched(&mut dirty);
                 }
             }
@@ -358,7 +355,7 @@ impl Reactor {
             }
             // Reads a connection's poll collected for another are answered next turn.
             for h in self.hubs.iter().flatten() {
-                lock_hub(&h.hub).take_touched(&mut again);
+                lock(&h.hub).take_touched(&mut again);
             }
             again.sort_unstable();
             again.dedup();
@@ -473,7 +470,7 @@ impl Reactor {
             self.hubs.len() - 1
         });
         let hub = Hub::new(q);
-        let mut fd = lock_hub(&hub).ready_fd();
+        let mut fd = lock(&hub).ready_fd();
         if let Some(f) = fd {
             if let Err(e) = self.ep.add(f, HUB | i as u64, Watch::Readable) {
                 tracing::warn!("cannot watch a read queue (polling it instead): {e}");

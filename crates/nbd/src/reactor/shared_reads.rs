@@ -1,8 +1,7 @@
 //! One read queue per reactor and export, shared by the reactor's connections to that export:
 //! the reactor owns its io_uring (SPDK's reactors, Seastar) instead of every connection
-//! owning one. A reactor with many connections then has one ring per export to wait on and
-//! submits every connection's reads of a turn in one call, and a queue's buffers and ring
-//! are paid once per reactor, not once per connection.
+//! owning one. A reactor with many connections then has one ring per export to wait on,
+//! and a queue's ring and spare buffers are paid once per reactor, not once per connection.
 //!
 //! A connection sees its share as a [`Port`], an ordinary [`ReadQueue`]: its reads go into
 //! the shared queue under tokens of the hub's own ([`Hub::routes`]), and whatever
@@ -108,8 +107,10 @@ impl Hub {
         into.append(&mut self.touched);
     }
 
-    /// Collects the reads finished so far into their ports' mailboxes.
-    pub(super) fn collect(&mut self) {
+    /// Collects the reads finished so far into their ports' mailboxes, noting the
+    /// connections that got some, but for port `by`'s (the one collecting, which takes its
+    /// own at once).
+    pub(super) fn collect(&mut self, by: Option<usize>) {
         let Hub {
             q,
             routes,
@@ -131,7 +132,9 @@ impl Hub {
             free_routes.push(token as usize);
             // A port that is gone (`Port::drop` orphans its routes): the read is dropped.
             if let Some(m) = mail.get_mut(port).and_then(|m| m.as_mut()) {
-                touched.push(m.conn);
+                if by != Some(port) {
+                    touched.push(m.conn);
+                }
                 m.done.push_back((theirs, res));
             }
         }) {}
@@ -176,7 +179,7 @@ impl ReadQueue for Port {
     }
 
     fn poll(&mut self) {
-        self.with(|h, _| h.collect())
+        self.with(|h, id| h.collect(Some(id)))
     }
 
     /// Collects and returns at once: a reactor's connection never waits on its queue (the
