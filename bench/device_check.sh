@@ -3,7 +3,7 @@
 # device machine): the real-disk table (bench/disk_bench.py, with its flashpool-reactors
 # target: connections on reactor threads against a thread each), reads in flight at the disk
 # (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers and the bytes the disk has
-# in flight under them (bench/write_depth.sh), 16 connections on reactors against a thread
+# in flight under them (bench/stripe_writers.sh), 16 connections on reactors against a thread
 # each (bench/many_connections.sh), and one checkpoint's timing from the server's debug log (how long writers were held, how
 # long the flush took). About 8 minutes; each part's output goes to OUTDIR as it finishes, so
 # a run cut short still returns what it measured.
@@ -28,7 +28,7 @@ export FLASHPOOL=$fp
 python3 "$root/bench/disk_bench.py" --runtime 5 --rounds 1 --flashpool "$fp" \
     --workdir "$work/disk-bench" 2>&1 | tee "$out/disk_bench.txt"
 bash "$root/bench/disk_depth.sh" "$work/depth" 5 2>&1 | tee "$out/disk_depth.txt"
-bash "$root/bench/write_depth.sh" "$work/wd" 8 2 8 2>&1 | tee "$out/write_depth.txt"
+bash "$root/bench/stripe_writers.sh" "$work/sw" 8 2 8 2>&1 | tee "$out/stripe_writers.txt"
 WORKDIR="$work/mc" bash "$root/bench/many_connections.sh" 1 4 8 2>&1 | tee "$out/many_connections.txt"
 
 # One checkpoint under a 1 MiB write stream: the engine logs its phases at debug level.

@@ -12,15 +12,8 @@ work=${1:-$root/target/depth-bench}
 rt=${2:-5}
 fp=${FLASHPOOL:-$root/target/release/flashpool}
 mkdir -p "$work"
-src=$(findmnt -n -o SOURCE -T "$work")
-dev=$(basename "$(readlink -f "$src")")
-stat=/sys/block/$dev/inflight
-[ -r "$stat" ] || stat=/sys/class/block/$dev/inflight
-sample() { # seconds -> mean reads in flight (every 10 ms until the time is up)
-    local until=$(( $(date +%s%N) + $1 * 1000000000 ))
-    while (( $(date +%s%N) < until )); do cat "$stat"; sleep 0.01; done |
-        awk '{s += $1; n++} END {printf "%.1f", s / n}'
-}
+. "$root/bench/disk_inflight.sh"
+stat=$(inflight_file "$(disk_of "$work")")
 switches() { # pid -> "tid:switches ..." of each of its threads now (empty without a pid)
     [ -n "${1:-}" ] || return 0
     local t
@@ -40,7 +33,7 @@ run() { # name, server pid or "", fio args...
     # Counted while the connection's thread lives (it ends with the connection).
     c0=$(switches "$srv")
     local depth
-    depth=$(sample $(( rt - 2 )))
+    depth=$(mean_in_flight "$stat" 1 $(( rt - 2 )))
     c1=$(switches "$srv")
     # io_uring workers in the server: reads the kernel could not issue at once (punted).
     local workers=0
