@@ -277,6 +277,15 @@ struct SharedQueue {
     users: usize,
 }
 
+impl SharedQueue {
+    /// Collects the reads finished on the queue; the connections that got some go on `into`.
+    fn collect(&self, into: &mut Vec<usize>) {
+        let mut hub = lock(&self.hub);
+        hub.collect(None);
+        hub.take_touched(into);
+    }
+}
+
 /// Whether two handles name the same export (by address: the vtable part of a `dyn`
 /// pointer can differ for one object).
 fn same_export(a: &Arc<dyn Export>, b: &Arc<dyn Export>) -> bool {
@@ -327,9 +336,7 @@ impl Reactor {
                     }
                 } else if t & HUB != 0 {
                     if let Some(Some(h)) = self.hubs.get((t & !HUB) as usize) {
-                        let mut hub = lock(&h.hub);
-                        hub.collect(None);
-                        hub.take_touched(&mut dirty);
+                        h.collect(&mut dirty);
                     }
                 } else {
                     let key = t as usize;
@@ -341,9 +348,7 @@ impl Reactor {
             }
             if polling {
                 for h in self.hubs.iter().flatten().filter(|h| h.fd.is_none()) {
-                    let mut hub = lock(&h.hub);
-                    hub.collect(None);
-                    hub.take_touched(&mut dirty);
+                    h.collect(&mut dirty);
                 }
             }
             dirty.sort_unstable();
