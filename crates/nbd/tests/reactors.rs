@@ -343,23 +343,6 @@ impl flashpool_nbd::ReadQueue for TestQueue {
     }
 }
 
-/// 4 KiB READs, one per (handle, offset), as one buffer to send at once.
-fn reads_4k(reads: impl Iterator<Item = (u64, u64)>) -> Vec<u8> {
-    let mut all = Vec::new();
-    for (handle, offset) in reads {
-        all.extend_from_slice(&flashpool_nbd::wire::encode_request(
-            &flashpool_nbd::wire::Request {
-                flags: 0,
-                kind: CMD_READ,
-                handle,
-                offset,
-                len: 4096,
-            },
-        ));
-    }
-    all
-}
-
 /// Reads that finish inside `start` are announced by no descriptor: the reactor still
 /// answers them (it once waited for an event that never came).
 #[test]
@@ -376,7 +359,11 @@ fn reads_finished_inside_start_are_answered_without_an_event() {
     let srv = TestServer::start_exports(set, disk, reactors(1));
     let mut c = Raw::connect(&srv, false, false);
     for round in 0..4u64 {
-        c.send(&reads_4k((0..16u64).map(|i| (round * 100 + i, i * 4096))));
+        c.send(
+            &(0..16u64)
+                .flat_map(|i| read_req(round * 100 + i, i * 4096, 4096))
+                .collect::<Vec<_>>(),
+        );
         for _ in 0..16 {
             let (e, h) = c.simple();
             assert_eq!(e, 0);
@@ -450,9 +437,11 @@ fn connections_on_a_reactor_share_one_read_queue_per_export() {
             .collect();
         for (k, (c, _)) in conns.iter_mut().enumerate() {
             let k = k as u64;
-            c.send(&reads_4k(
-                (0..16u64).map(|i| (k << 8 | i, ((k * 16 + i) % 256) * 4096)),
-            ));
+            c.send(
+                &(0..16u64)
+                    .flat_map(|i| read_req(k << 8 | i, ((k * 16 + i) % 256) * 4096, 4096))
+                    .collect::<Vec<_>>(),
+            );
         }
         for (k, (c, disk)) in conns.iter_mut().enumerate() {
             let mut seen = [false; 16];

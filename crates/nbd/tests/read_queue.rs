@@ -150,17 +150,6 @@ fn server(rules: Rules, config: Config) -> (TestServer, Arc<AtomicUsize>) {
     (TestServer::start_exports(set, disk, config), most)
 }
 
-fn read_req(handle: u64, offset: u64, len: u64) -> Vec<u8> {
-    wire::encode_request(&wire::Request {
-        flags: 0,
-        kind: CMD_READ,
-        handle,
-        offset,
-        len,
-    })
-    .to_vec()
-}
-
 fn quick() -> Rules {
     Rules {
         slow_below: 0,

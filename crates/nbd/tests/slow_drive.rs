@@ -148,21 +148,8 @@ fn a_fast_read_is_answered_before_a_slow_one_sent_earlier() {
     c.hello();
     c.go("v");
     // Both requests in one write: the slow one first.
-    let mut both = wire::encode_request(&wire::Request {
-        flags: 0,
-        kind: CMD_READ,
-        handle: 1,
-        offset: 0,
-        len: 4096,
-    })
-    .to_vec();
-    both.extend_from_slice(&wire::encode_request(&wire::Request {
-        flags: 0,
-        kind: CMD_READ,
-        handle: 2,
-        offset: fast,
-        len: 4096,
-    }));
+    let mut both = read_req(1, 0, 4096);
+    both.extend_from_slice(&read_req(2, fast, 4096));
     c.send(&both);
     let (e, h) = c.simple();
     assert_eq!((e, h), (0, 2), "the fast read is answered first");

@@ -353,6 +353,18 @@ impl Raw {
     }
 }
 
+/// A compact READ request's bytes.
+pub fn read_req(handle: u64, offset: u64, len: u64) -> Vec<u8> {
+    wire::encode_request(&Request {
+        flags: 0,
+        kind: CMD_READ,
+        handle,
+        offset,
+        len,
+    })
+    .to_vec()
+}
+
 /// After the greeting: a full handshake to the default export, a write and a read back.
 pub fn handshake_and_io(c: &mut Raw, seed: u8) {
     c.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
