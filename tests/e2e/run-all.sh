@@ -39,6 +39,7 @@ CHECKS=(
     "fio-randwrite-4k:check-fio.sh randwrite"
     "fio-mixed-2conn-flush:check-fio.sh mixed"
     "fio-trim:check-fio.sh trim"
+    "fio-scattered-1m-reads:check-fio.sh scattered"
     "tcp-and-unix:check-both.sh"
     "nbdcopy-64m:check-nbdcopy.sh"
     "qemu-img:check-qemu-img.sh"

@@ -40,7 +40,8 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Weak};
 
 /// Submission queue entries of a queue's ring (the completion queue is twice that; the
-/// kernel keeps overflowing completions, so a burst of more reads only waits).
+/// kernel keeps overflowing completions until an enter asks for them, `reap`, so a burst of
+/// more reads only waits).
 const RING_ENTRIES: u32 = 256;
 /// User data of a socket poll: this bit and the poll's generation (read operations use
 /// slot << 32 | run).
@@ -177,6 +178,14 @@ impl ReadQueue {
             None
         } else {
             match IoUring::new(RING_ENTRIES) {
+                // Without NODROP (kernels before 5.5) a completion the queue has no room for
+                // is dropped, and its read would never come out.
+                Ok(r) if !r.params().is_feature_nodrop() => {
+                    crate::drive::batch::report_unavailable(&io::Error::other(
+                        "io_uring drops completions on overflow (no IORING_FEAT_NODROP)",
+                    ));
+                    None
+                }
                 Ok(r) => Some(r),
                 Err(e) => {
                     crate::drive::batch::report_unavailable(&e);
@@ -443,7 +452,20 @@ impl ReadQueue {
         };
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.clear();
-        cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        loop {
+            cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            // Completions beyond the completion queue's room wait in the kernel's overflow
+            // list, and only an `io_uring_enter` asking for events moves them into the queue
+            // (the ring's descriptor polls readable meanwhile): a caller that only polls
+            // (a reactor) would otherwise spin on a readable ring whose reads never come out.
+            if !ring.submission().cq_overflow() {
+                break;
+            }
+            if let Err(e) = ring.submit() {
+                tracing::debug!(error = %e, "io_uring enter to flush overflowed completions failed");
+                break;
+            }
+        }
         let mut polled = false;
         for &(ud, res) in &cqes {
             if ud == REMOVE_TAG {
