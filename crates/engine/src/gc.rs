@@ -104,16 +104,23 @@ impl Inner {
 
     /// The segment to clean next, if any holds garbage worth the work.
     /// Only segments closed before sequence number `before` are candidates: a cleaning run
-    /// never picks what it wrote itself.
+    /// never picks what it wrote itself. Nor one with stripes still on their way to the
+    /// drives ([`Inner::segment_settled`]).
     pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
         let room = self.room_now();
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
+        // Stripes are registered in flight under the writer lock (`new_stripe`), so none of a
+        // segment closed by now is missing from this.
+        let oldest_in_flight = self.done.lock().inflight.first().copied();
         // (score, segment) of the best candidate.
         let mut best: Option<(f64, u32)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
-            if *st != SegState::Used || w.segs.closed_seq[i] >= before {
+            if *st != SegState::Used
+                || w.segs.closed_seq[i] >= before
+                || oldest_in_flight.is_some_and(|f| f <= w.segs.closed_seq[i])
+            {
                 continue;
             }
             let u = self.utilisation(i, &room);
@@ -206,6 +213,10 @@ impl Inner {
     /// `urgent` as for `relocate_stripe`: true for the cleaner, false for a rebuild, whose
     /// moves into narrower stripes may take more room than they free.
     pub(crate) fn clean_segment(&self, seg: u32, urgent: bool) -> Result<bool> {
+        self.segment_settled(seg)?;
+        if self.reclaim_if_dead_and_covered(seg) {
+            return Ok(true);
+        }
         let stripes = self.scan_segment(seg, true);
         for desc in stripes.values() {
             self.relocate_stripe(desc, urgent)?;
@@ -250,6 +261,51 @@ impl Inner {
             );
         }
         Ok(false)
+    }
+
+    /// Waits until every stripe of closed segment `seg` is on the drives. A stripe sealed and
+    /// queued for the stripe writers (or being written) holds blocks the maps point at as
+    /// buffered, which count as its segment's live data only once written, and chunk headers
+    /// no scan can find yet: until then the segment looks emptier than it is, and freeing it
+    /// would lose the newest copies of those blocks. Its stripes are those numbered below the
+    /// one that opened the next segment (`closed_seq`; at most that one, for a segment closed
+    /// otherwise).
+    fn segment_settled(&self, seg: u32) -> Result<()> {
+        let closed = self.writer.lock().segs.closed_seq[seg as usize];
+        self.wait_written(closed)
+    }
+
+    /// Marks segment `seg` reclaimed without reading it when nothing in it is live and the
+    /// latest checkpoint covers it (closed before the checkpoint began): there is nothing to
+    /// move, and nothing of its records to log again (`reuse` frees a covered segment with a
+    /// flush alone), so the scan, one read per chunk header (1280 reads for a 32 MiB segment
+    /// over five drives, 100-400 ms on a virtual disk), is not needed. True when it did. The
+    /// caller waited for the segment's stripes ([`Inner::segment_settled`]), so its live count
+    /// is complete.
+    fn reclaim_if_dead_and_covered(&self, seg: u32) -> bool {
+        if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        let covered_before = {
+            let sb = self.sb.lock();
+            if sb.checkpoint.len == 0 {
+                return false;
+            }
+            sb.checkpoint.seq_start
+        };
+        let mut w = self.writer.lock();
+        if w.segs.states[seg as usize] != SegState::Used
+            || w.segs.closed_seq[seg as usize] >= covered_before
+            || self.live[seg as usize].load(Ordering::Relaxed) != 0
+        {
+            return false;
+        }
+        w.segs.states[seg as usize] = SegState::Reclaimed;
+        drop(w);
+        self.reclaimed_records.lock().insert(seg, Some(Vec::new()));
+        Stats::add(&self.stats.gc_segments_cleaned, 1);
+        Stats::add(&self.stats.gc_segments_unread, 1);
+        true
     }
 
     /// Re-appends every block whose map entry points into segment `seg`, read through the

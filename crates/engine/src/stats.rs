@@ -129,6 +129,9 @@ counters! {
     gc_relocated_bytes,
     /// Segments the cleaner emptied.
     gc_segments_cleaned,
+    /// Of those, segments with nothing live that the latest checkpoint covered: reclaimed
+    /// without reading them.
+    gc_segments_unread,
     /// Cleaner passes.
     gc_runs,
     /// Emptied segments freed by a log record (no checkpoint needed).

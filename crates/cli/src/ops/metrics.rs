@@ -481,6 +481,7 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("repaired_segments", "Segments whose live data was moved to repair chunks that failed their CRC or read."),
     ("gc_relocated_bytes", "Bytes of live data the cleaner (and rebuilds) moved."),
     ("gc_segments_cleaned", "Segments the cleaner emptied."),
+    ("gc_segments_unread", "Of those, segments with nothing live the latest checkpoint covered: not read."),
     ("gc_runs", "Cleaner passes."),
     ("segments_freed_by_log", "Emptied segments freed by a log record (no checkpoint needed)."),
     ("segments_freed_by_relog", "Of those, segments written since the latest checkpoint (their trims and volume changes logged again)."),
