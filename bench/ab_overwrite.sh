@@ -8,6 +8,8 @@
 # so both see the same machine (it is shared and noisy).
 #
 #   bench/ab_overwrite.sh OLD_BINARY NEW_BINARY [ROUNDS] [SECONDS]
+#
+# SERVE_ARGS adds flags to both servers (`--memory` for memory drives).
 set -euo pipefail
 A=${1:?old flashpool binary}; B=${2:?new flashpool binary}
 ROUNDS=${3:-3}; SECS=${4:-10}
@@ -19,7 +21,8 @@ for r in $(seq "$ROUNDS"); do
     for which in A B; do
         bin=$A; [ "$which" = B ] && bin=$B
         d="$WORK/$which"; rm -rf "$d"; mkdir -p "$d"
-        "$bin" serve --data "$d/data" --socket "$d/nbd.sock" --listen 127.0.0.1:0 >"$d/log" 2>&1 &
+        # shellcheck disable=SC2086
+        "$bin" serve --data "$d/data" --socket "$d/nbd.sock" --listen 127.0.0.1:0 ${SERVE_ARGS:-} >"$d/log" 2>&1 &
         srv=$!
         for _ in $(seq 300); do [ -S "$d/nbd.sock" ] && break; sleep 0.1; done
         uri="nbd+unix:///default?socket=$d/nbd.sock"
