@@ -34,7 +34,7 @@ if [ "${FLASHPOOL_SKIP_E2E:-0}" != 1 ]; then
     step "end-to-end checks with real NBD clients"
     E2E_INSTALL=1 bash tests/e2e/run-all.sh flashpool
     step "client checks again with connections on reactors (serve --nbd-reactors 2, from the environment)"
-    FLASHPOOL_NBD_REACTORS=2 E2E_ONLY=nbdinfo,fio-mixed-2conn-flush,fio-scattered-1m-reads,tcp-and-unix,nbdcopy-64m,qemu-img,tls,faults-under-load,kernel-nbd \
+    FLASHPOOL_NBD_REACTORS=2 E2E_ONLY=nbdinfo,fio-mixed-2conn-flush,fio-scattered-1m-reads,fio-log-wraps,tcp-and-unix,nbdcopy-64m,qemu-img,tls,faults-under-load,kernel-nbd \
         bash tests/e2e/run-all.sh flashpool
     step "the client checks again on memory drives (the inline path; checks that restart the server need drives that persist)"
     E2E_ONLY=nbdinfo,probe,fio-randwrite-4k,fio-mixed-2conn-flush,fio-trim,tcp-and-unix,nbdcopy-64m,qemu-img \

@@ -6,6 +6,9 @@
 #   trim      - random trims beside verified random writes (both must
 #               hold: trimmed blocks read zero, the others verify), and
 #               verified trim+write sequences
+#   wrap      - 5 x 192 MiB drives: 1 MiB writes at iodepth 8 over 256 MiB,
+#               verified, 6 passes (the log goes round the drives twice, so
+#               the cleaner frees segments under the stream), restart, verify
 #   scattered - 64 MiB written in 4 KiB writes in random order (so a 1 MiB
 #               read is up to 256 drive reads), then read back in 1 MiB
 #               reads, 8 in flight, every byte compared; then fio's 1 MiB
@@ -15,7 +18,11 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 MODE=${1:?mode}
 new_workdir; trap cleanup EXIT
-start_server
+if [ "$MODE" = wrap ]; then
+    SERVER_CMD="$(server_cmd) --drive-size 192M --volume-size 256M" start_server
+else
+    start_server
+fi
 common=(--verify=crc32c --verify_fatal=1 --output="$WORK/fio.out")
 case "$MODE" in
     randwrite)
@@ -49,6 +56,22 @@ PY
         fio --name=trimwrite --ioengine=nbd --uri="$URI_UNIX" --rw=trimwrite --bs=64k \
             --size=64M --iodepth=1 --do_verify=1 "${common[@]}"
         cat "$WORK"/f[1-4].out >> "$WORK/fio.out" ;;
+    wrap)
+        W=(--name=wrap --ioengine=nbd --uri="$URI_UNIX" --rw=write --bs=1M --size=256M \
+           --iodepth=8 --verify=crc32c --verify_fatal=1)
+        fio "${W[@]}" --loops=6 --do_verify=1 --output="$WORK/fio.out"
+        [ "${SERVER_KIND:-}" = flashpool-mem ] || {
+            counters=$("$TARGET/release/flashpool" status --data "$DATA" --json)
+            echo "$counters" | $PY -c '
+import json, sys
+c = json.load(sys.stdin)["counters"]
+print("segments cleaned", c["gc_segments_cleaned"], "unread", c["gc_segments_unread"])
+assert c["gc_segments_cleaned"] > 0, "the log never went round: nothing cleaned"'
+            stop_server
+            SERVER_CMD="$(server_cmd) --drive-size 192M --volume-size 256M" start_server
+            fio "${W[@]}" --verify_only --output="$WORK/f2.out"
+            cat "$WORK/f2.out" >> "$WORK/fio.out"
+        } ;;
     scattered)
         timeout 300 $PY - "$URI_UNIX" <<'PY'
 import nbd, random, sys

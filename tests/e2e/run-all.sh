@@ -40,6 +40,7 @@ CHECKS=(
     "fio-mixed-2conn-flush:check-fio.sh mixed"
     "fio-trim:check-fio.sh trim"
     "fio-scattered-1m-reads:check-fio.sh scattered"
+    "fio-log-wraps:check-fio.sh wrap"
     "tcp-and-unix:check-both.sh"
     "nbdcopy-64m:check-nbdcopy.sh"
     "qemu-img:check-qemu-img.sh"
