@@ -111,15 +111,12 @@ impl Inner {
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
-        // Stripes are registered in flight under the writer lock (`new_stripe`), so none of a
-        // segment closed by now is missing from this.
-        let oldest_in_flight = self.done.lock().inflight.first().copied();
         // (score, segment) of the best candidate.
         let mut best: Option<(f64, u32)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
             if *st != SegState::Used
                 || w.segs.closed_seq[i] >= before
-                || oldest_in_flight.is_some_and(|f| f <= w.segs.closed_seq[i])
+                || self.stripes_in_flight[i].load(Ordering::Relaxed) != 0
             {
                 continue;
             }
@@ -267,12 +264,17 @@ impl Inner {
     /// queued for the stripe writers (or being written) holds blocks the maps point at as
     /// buffered, which count as its segment's live data only once written, and chunk headers
     /// no scan can find yet: until then the segment looks emptier than it is, and freeing it
-    /// would lose the newest copies of those blocks. Its stripes are those numbered below the
-    /// one that opened the next segment (`closed_seq`; at most that one, for a segment closed
-    /// otherwise).
+    /// would lose the newest copies of those blocks. No stripe opens in a closed segment, and
+    /// every one already open in it is sealed (the stream moved on), so this ends.
     fn segment_settled(&self, seg: u32) -> Result<()> {
-        let closed = self.writer.lock().segs.closed_seq[seg as usize];
-        self.wait_written(closed)
+        let mut d = self.done.lock();
+        while self.stripes_in_flight[seg as usize].load(Ordering::Relaxed) != 0 {
+            self.done_cv.wait(&mut d);
+        }
+        match &d.error {
+            Some(e) => Err(Error::Failed(e.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Marks segment `seg` reclaimed without reading it when nothing in it is live and the

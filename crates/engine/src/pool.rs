@@ -18,7 +18,7 @@ use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
 use crate::volume::{Volume, VolumeInfo};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
 
@@ -300,6 +300,10 @@ pub(crate) struct Inner {
     /// what the cleaner measures live data against. Kept by checkpoints and replay; 0 for a
     /// segment holding data means unknown (used before a restart from a version-1 checkpoint).
     pub written_slots: Vec<AtomicU64>,
+    /// Per segment, its stripes opened and not yet written: their blocks are mapped as
+    /// buffered and count as the segment's live data only once written, so the cleaner leaves
+    /// a segment alone until this is 0 (`gc::segment_settled`).
+    pub stripes_in_flight: Vec<AtomicU32>,
     pub stats: Stats,
     pub sb: Mutex<SbState>,
     pub block_locks: Vec<Mutex<()>>,
@@ -477,6 +481,7 @@ impl Inner {
             max_buffers: AtomicU64::new(MAX_STRIPE_BUFFERS),
             live: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             written_slots: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
+            stripes_in_flight: (0..nseg).map(|_| AtomicU32::new(0)).collect(),
             stats: Stats::default(),
             sb: Mutex::new(sb),
             block_locks: (0..256).map(|_| Mutex::new(())).collect(),

@@ -56,6 +56,7 @@ impl Inner {
             data: RwLock::new(Some(buf)),
         });
         self.inflight.write().insert(seq & SEQ_MASK, sb.clone());
+        self.stripes_in_flight[plan.segment as usize].fetch_add(1, Ordering::Relaxed);
         self.done.lock().inflight.insert(seq);
         Ok(OpenStripe::new(seq, kind, plan, sb, self.shape))
     }
@@ -332,6 +333,8 @@ impl Inner {
         if let Some(b) = s.buf.data.write().take() {
             self.return_buffer(b);
         }
+        let before = self.stripes_in_flight[s.segment as usize].fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before > 0, "segment {}: a stripe written twice", s.segment);
         let mut d = self.done.lock();
         d.inflight.remove(&s.seq);
         drop(d);
