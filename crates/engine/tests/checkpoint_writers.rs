@@ -6,34 +6,11 @@
 mod common;
 
 use common::*;
-use flashpool_engine::drive::{CrashFate, Drive, DriveInfo, DriveRef, MemDrive};
+use flashpool_engine::drive::{CrashFate, DriveRef, MemDrive};
 use flashpool_engine::{Compression, Pool, PoolConfig};
-use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-
-/// A tracked memory drive whose flushes pass the gate first.
-struct GatedDrive {
-    inner: Arc<MemDrive>,
-    gate: Arc<Gate>,
-}
-
-impl Drive for GatedDrive {
-    fn info(&self) -> DriveInfo {
-        self.inner.info()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.gate.pass();
-        self.inner.flush()
-    }
-}
 
 fn block(tag: u64, lba: u64) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
@@ -54,12 +31,7 @@ fn writers_go_on_while_a_checkpoint_flushes_and_a_crash_then_loses_nothing_flush
     let gate = Arc::new(Gate::default());
     let drives: Vec<DriveRef> = mems
         .iter()
-        .map(|m| {
-            Arc::new(GatedDrive {
-                inner: m.clone(),
-                gate: gate.clone(),
-            }) as DriveRef
-        })
+        .map(|m| GatedDrive::new(m.clone(), None, Some(gate.clone())) as DriveRef)
         .collect();
     let cfg = PoolConfig {
         // No checkpoint but the ones this test takes.

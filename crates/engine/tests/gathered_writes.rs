@@ -7,47 +7,21 @@
 mod common;
 
 use common::*;
-use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, MemDrive};
+use flashpool_engine::drive::{DriveRef, MemDrive};
 use flashpool_engine::{Compression, Pool, PoolConfig};
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A memory drive whose writes wait while its gate is closed, and fail while `fail` is set.
-struct GatedDrive {
-    inner: MemDrive,
-    gate: Gate,
-    fail: AtomicBool,
-}
-
-impl GatedDrive {
-    fn new(name: &str) -> Arc<Self> {
-        Arc::new(GatedDrive {
-            inner: MemDrive::new(DRIVE_SIZE, name),
-            gate: Gate::default(),
-            fail: AtomicBool::new(false),
-        })
-    }
-}
-
-impl Drive for GatedDrive {
-    fn info(&self) -> DriveInfo {
-        self.inner.info()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.gate.pass();
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
+/// A memory drive whose writes wait at `gate` (its own) and fail while `fail` is set.
+fn gated(name: &str) -> (Arc<GatedDrive>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let d = GatedDrive::new(
+        Arc::new(MemDrive::new(DRIVE_SIZE, name)),
+        Some(gate.clone()),
+        None,
+    );
+    (d, gate)
 }
 
 /// Blocks of one full stripe of `config()`: 4 data chunks of 16 KiB.
@@ -125,9 +99,9 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     // Four file drives (their writes go through io_uring where it runs) and a memory drive
     // that holds the stripe writer's batches at its gate.
     let files = file_drives(dir.path(), 4);
-    let gate = GatedDrive::new("mem:gated");
+    let (gated_drive, gate) = gated("mem:gated");
     let mut drives = files.clone();
-    drives.push(gate.clone() as DriveRef);
+    drives.push(gated_drive.clone() as DriveRef);
     let pool = Arc::new(Pool::create(drives, &config()).unwrap());
     pool.create_volume_with("v", 16 << 20, Compression::Off)
         .unwrap();
@@ -135,7 +109,7 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     let before = pool.stats();
     // 40 stripes of 64 KiB: more than the stripe buffers, all in the volume's first segments.
     let blocks = 40 * STRIPE_BLOCKS;
-    let stuck = write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
+    let stuck = write_behind_a_closed_gate(&pool, &gate, blocks, seed);
     eprintln!("writer stuck behind the gate, writes said they would wait: {stuck:?}");
     // Stuck behind the gate, every stripe buffer was taken: the volume said writes would
     // wait (what a reactor asks before it runs a write itself); written out, they would not.
@@ -160,7 +134,7 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
     check_all(&pool, blocks, seed);
     drop(pool);
     let mut again = reopen_files(dir.path(), 4);
-    again.push(gate.clone() as DriveRef);
+    again.push(gated_drive.clone() as DriveRef);
     let pool = Pool::open(again).unwrap();
     check_all(&pool, blocks, seed);
 }
@@ -169,18 +143,18 @@ fn queued_stripes_go_out_as_one_write_per_drive_and_read_back() {
 fn a_failed_gathered_write_loses_its_chunks_on_that_drive_only() {
     let seed = test_seed("gathered_write_fails", 12);
     let mems = mem_drives(4, false);
-    let gate = GatedDrive::new("mem:gated");
+    let (gated_drive, gate) = gated("mem:gated");
     let mut drives = as_refs(&mems);
-    drives.push(gate.clone() as DriveRef);
+    drives.push(gated_drive.clone() as DriveRef);
     let pool = Arc::new(Pool::create(drives, &config()).unwrap());
     pool.create_volume_with("v", 16 << 20, Compression::Off)
         .unwrap();
     pool.start_stripe_writers(1).unwrap();
     // Every write of the gated drive fails once the gate opens: its gathered writes too.
-    gate.fail.store(true, Ordering::SeqCst);
+    gated_drive.fail.store(true, Ordering::SeqCst);
     let before = pool.stats();
     let blocks = 40 * STRIPE_BLOCKS;
-    write_behind_a_closed_gate(&pool, &gate.gate, blocks, seed);
+    write_behind_a_closed_gate(&pool, &gate, blocks, seed);
     pool.flush().unwrap();
     let s = pool.stats();
     assert!(

@@ -9,33 +9,10 @@
 mod common;
 
 use common::*;
-use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, MemDrive};
+use flashpool_engine::drive::{DriveRef, MemDrive};
 use flashpool_engine::{Compression, Pool, PoolConfig};
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A memory drive whose writes pass the gate first (the stripe writer waits there).
-struct GatedWrites {
-    inner: Arc<MemDrive>,
-    gate: Arc<Gate>,
-}
-
-impl Drive for GatedWrites {
-    fn info(&self) -> DriveInfo {
-        self.inner.info()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.gate.pass();
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
 
 /// Block `lba`'s contents in round `round`.
 fn version(round: u64, lba: u64) -> Vec<u8> {
@@ -58,12 +35,7 @@ fn the_cleaner_leaves_segments_whose_stripes_are_still_being_written() {
     let gate = Arc::new(Gate::default());
     let drives: Vec<DriveRef> = mems
         .iter()
-        .map(|m| {
-            Arc::new(GatedWrites {
-                inner: m.clone(),
-                gate: gate.clone(),
-            }) as DriveRef
-        })
+        .map(|m| GatedDrive::new(m.clone(), Some(gate.clone()), None) as DriveRef)
         .collect();
     let cfg = PoolConfig {
         k: 4,

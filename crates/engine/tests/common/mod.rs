@@ -1,9 +1,10 @@
 //! Shared helpers of the engine's integration tests: small pools on memory or file drives.
 #![allow(dead_code)]
 
-use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
+use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, FileDrive, MemDrive};
 use flashpool_engine::PoolConfig;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub const DRIVE_SIZE: u64 = 24 << 20;
@@ -106,5 +107,55 @@ impl Gate {
             closed = self.cv.wait(closed).unwrap();
         }
         self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A memory drive whose writes and/or flushes pass a gate first (the operation waits while
+/// the gate is closed), and whose writes fail while `fail` is set.
+pub struct GatedDrive {
+    pub inner: Arc<MemDrive>,
+    writes: Option<Arc<Gate>>,
+    flushes: Option<Arc<Gate>>,
+    pub fail: AtomicBool,
+}
+
+impl GatedDrive {
+    /// `inner` with its writes held at `writes` and its flushes at `flushes` (either may be
+    /// None: not gated).
+    pub fn new(
+        inner: Arc<MemDrive>,
+        writes: Option<Arc<Gate>>,
+        flushes: Option<Arc<Gate>>,
+    ) -> Arc<Self> {
+        Arc::new(GatedDrive {
+            inner,
+            writes,
+            flushes,
+            fail: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Drive for GatedDrive {
+    fn info(&self) -> DriveInfo {
+        self.inner.info()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if let Some(g) = &self.writes {
+            g.pass();
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        if let Some(g) = &self.flushes {
+            g.pass();
+        }
+        self.inner.flush()
     }
 }
