@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use flashpool_engine::drive::{DriveRef, MemDrive};
-use flashpool_engine::{Compression, Pool, PoolConfig};
+use flashpool_engine::{Compression, Pool, PoolConfig, Volume};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,19 @@ fn version(round: u64, lba: u64) -> Vec<u8> {
         w.copy_from_slice(&(round << 40 | lba << 20 | i as u64).to_le_bytes());
     }
     b
+}
+
+/// Checks that every block `lba` of `v` holds `version(newest[lba], lba)`.
+fn check_newest(v: &Volume, newest: &[u64], what: &str) {
+    for (lba, &round) in newest.iter().enumerate() {
+        let mut got = vec![0u8; 4096];
+        v.read(lba as u64 * 4096, &mut got)
+            .unwrap_or_else(|e| panic!("{what}: block {lba}: {e}"));
+        assert!(
+            got == version(round, lba as u64),
+            "{what}: block {lba} is not its newest copy (written in round {round})"
+        );
+    }
 }
 
 /// Sixteen hot blocks (one stripe of 4 x 16 KiB) rewritten round after round while the
@@ -97,19 +110,7 @@ fn the_cleaner_leaves_segments_whose_stripes_are_still_being_written() {
             s.live_bytes
         );
     }
-    let check = |what: &str| {
-        for lba in 0..16u64 {
-            let mut got = vec![0u8; 4096];
-            v.read(lba * 4096, &mut got)
-                .unwrap_or_else(|e| panic!("{what}: block {lba}: {e}"));
-            assert!(
-                got == version(newest[lba as usize], lba),
-                "{what}: block {lba} is not its newest copy (round {})",
-                newest[lba as usize]
-            );
-        }
-    };
-    check("after cleaning");
+    check_newest(&v, &newest, "after cleaning");
     // Cold data into free segments, the lowest first (so into the closed one, had it been
     // freed), then the hot blocks again.
     for i in 0..48u64 {
@@ -117,7 +118,7 @@ fn the_cleaner_leaves_segments_whose_stripes_are_still_being_written() {
             .unwrap();
     }
     pool.flush().unwrap();
-    check("after the free segments were written again");
+    check_newest(&v, &newest, "after the free segments were written again");
 }
 
 /// Segments with nothing live that the latest checkpoint covers are reclaimed without a read
@@ -165,19 +166,7 @@ fn dead_segments_the_checkpoint_covers_are_reclaimed_unread() {
             "cleaning dead, covered segments read the drives"
         );
     }
-    let check = |v: &flashpool_engine::Volume, newest: &[u64], what: &str| {
-        for lba in 0..1024u64 {
-            let mut got = vec![0u8; 4096];
-            v.read(lba * 4096, &mut got)
-                .unwrap_or_else(|e| panic!("{what}: block {lba}: {e}"));
-            assert!(
-                got == version(newest[lba as usize], lba),
-                "{what}: block {lba} is not its newest copy (pass {})",
-                newest[lba as usize]
-            );
-        }
-    };
-    check(&v, &newest, "after cleaning");
+    check_newest(&v, &newest, "after cleaning");
     // The freed segments written again (half the volume once more), then a crash.
     for chunk in 0..32u64 {
         let data: Vec<u8> = (0..16).flat_map(|i| version(5, chunk * 16 + i)).collect();
@@ -185,11 +174,11 @@ fn dead_segments_the_checkpoint_covers_are_reclaimed_unread() {
         newest[chunk as usize * 16..chunk as usize * 16 + 16].fill(5);
     }
     pool.flush().unwrap();
-    check(&v, &newest, "after the freed segments were written again");
+    check_newest(&v, &newest, "after the freed segments were written again");
     drop(v);
     drop(pool);
     let pool = Pool::open(as_refs(&mems)).unwrap();
-    check(
+    check_newest(
         &pool.volume("v").unwrap(),
         &newest,
         "after opening the pool again",
