@@ -267,14 +267,7 @@ impl Inner {
     /// would lose the newest copies of those blocks. No stripe opens in a closed segment, and
     /// every one already open in it is sealed (the stream moved on), so this ends.
     fn segment_settled(&self, seg: u32) -> Result<()> {
-        let mut d = self.done.lock();
-        while self.stripes_in_flight[seg as usize].load(Ordering::Relaxed) != 0 {
-            self.done_cv.wait(&mut d);
-        }
-        match &d.error {
-            Some(e) => Err(Error::Failed(e.clone())),
-            None => Ok(()),
-        }
+        self.wait_completions(|_| self.stripes_in_flight[seg as usize].load(Ordering::Relaxed) != 0)
     }
 
     /// Marks segment `seg` reclaimed without reading it when nothing in it is live and the
@@ -288,16 +281,12 @@ impl Inner {
         if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
             return false;
         }
-        let covered_before = {
-            let sb = self.sb.lock();
-            if sb.checkpoint.len == 0 {
-                return false;
-            }
-            sb.checkpoint.seq_start
+        let Some((cp_start, _)) = self.checkpoint_span() else {
+            return false;
         };
         let mut w = self.writer.lock();
         if w.segs.states[seg as usize] != SegState::Used
-            || w.segs.closed_seq[seg as usize] >= covered_before
+            || !w.segs.covered_by(seg, cp_start)
             || self.live[seg as usize].load(Ordering::Relaxed) != 0
         {
             return false;

@@ -151,6 +151,12 @@ impl SegmentTable {
         (off.saturating_sub(DATA_START) / geo.segment_size) as u32
     }
 
+    /// Whether a checkpoint that began at sequence number `cp_start` covers segment `s`
+    /// (closed before it began: a recovery from it replays none of the segment's stripes).
+    pub fn covered_by(&self, s: u32, cp_start: u64) -> bool {
+        self.closed_seq[s as usize] < cp_start
+    }
+
     /// Number of free segments.
     pub fn free_count(&self) -> usize {
         self.states.iter().filter(|s| **s == SegState::Free).count()

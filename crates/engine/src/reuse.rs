@@ -36,18 +36,21 @@ const RELOG_SHARE: u64 = 16;
 const MIN_RELOG_ROOM: u64 = 4096;
 
 impl Inner {
+    /// The latest checkpoint's first and last sequence numbers; None before the first one
+    /// (recovery then replays every segment's stripes).
+    pub(crate) fn checkpoint_span(&self) -> Option<(u64, u64)> {
+        let sb = self.sb.lock();
+        (sb.checkpoint.len != 0).then_some((sb.checkpoint.seq_start, sb.checkpoint.seq_end))
+    }
+
     /// Frees by the log every reclaimed segment that can go that way (see the module
     /// documentation); returns how many. Takes the checkpoint lock, so no checkpoint frees
     /// them meanwhile (a record for a segment a checkpoint already freed would name a free
     /// segment, and the records kept to log again are those after the latest checkpoint).
     pub(crate) fn free_reclaimed(&self) -> Result<usize> {
         let _no_checkpoint = self.cp_lock.lock();
-        let (covered_before, cp_end) = {
-            let sb = self.sb.lock();
-            if sb.checkpoint.len == 0 {
-                return Ok(0); // no checkpoint: recovery replays every segment's stripes
-            }
-            (sb.checkpoint.seq_start, sb.checkpoint.seq_end)
+        let Some((cp_start, cp_end)) = self.checkpoint_span() else {
+            return Ok(0);
         };
         let stamped = self.stamps.on();
         let (covered, written_since, relog_room): (Vec<u32>, Vec<u32>, u64) = {
@@ -55,8 +58,7 @@ impl Inner {
             let reclaimed = (0..w.segs.states.len())
                 .filter(|&s| w.segs.states[s] == SegState::Reclaimed)
                 .map(|s| s as u32);
-            let (covered, since) =
-                reclaimed.partition(|&s| w.segs.closed_seq[s as usize] < covered_before);
+            let (covered, since) = reclaimed.partition(|&s| w.segs.covered_by(s, cp_start));
             (
                 covered,
                 since,

@@ -660,8 +660,17 @@ impl Inner {
 
     /// Waits until every stripe with a sequence number up to `target` is on the drives.
     pub(crate) fn wait_written(&self, target: u64) -> Result<()> {
+        self.wait_completions(|d| d.inflight.first().is_some_and(|&s| s <= target))
+    }
+
+    /// Waits while `pending` holds, looking again as each stripe is published; then fails
+    /// with the pool's first write error, if there was one.
+    pub(crate) fn wait_completions(
+        &self,
+        mut pending: impl FnMut(&crate::pool::Completion) -> bool,
+    ) -> Result<()> {
         let mut d = self.done.lock();
-        while d.inflight.first().is_some_and(|&s| s <= target) {
+        while pending(&d) {
             self.done_cv.wait(&mut d);
         }
         match &d.error {
