@@ -12,12 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+/// Block `lba`'s contents as write `tag` left it.
 fn block(tag: u64, lba: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for (i, w) in b.chunks_mut(8).enumerate() {
-        w.copy_from_slice(&(tag << 48 | lba << 16 | i as u64).to_le_bytes());
-    }
-    b
+    block_for(tag << 32 | lba)
 }
 
 /// Blocks of the first write (flushed before the checkpoint) and of the second (during it).

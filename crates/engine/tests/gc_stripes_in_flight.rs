@@ -16,11 +16,7 @@ use std::time::Duration;
 
 /// Block `lba`'s contents in round `round`.
 fn version(round: u64, lba: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for (i, w) in b.chunks_mut(8).enumerate() {
-        w.copy_from_slice(&(round << 40 | lba << 20 | i as u64).to_le_bytes());
-    }
-    b
+    block_for(round << 32 | lba)
 }
 
 /// Checks that every block `lba` of `v` holds `version(newest[lba], lba)`.
