@@ -462,7 +462,7 @@ impl ReadQueue {
                 break;
             }
             if let Err(e) = ring.submit() {
-                tracing::debug!(error = %e, "io_uring enter to flush overflowed completions failed");
+                tracing::debug!(error = %e, "io_uring enter for overflowed completions failed");
                 break;
             }
         }

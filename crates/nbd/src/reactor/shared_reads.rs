@@ -8,9 +8,10 @@
 //! completions any connection's poll collects are sorted into each port's mailbox, the
 //! connections they belong to noted so the reactor drives them ([`Hub::take_touched`]).
 //! Submitting stays per connection (a port's `submit` submits the queue; a connection
-//! submits only after starting reads, `AsyncReads::submit`): deferring it to the end of the reactor's turn saved no `io_uring_enter`
-//! (about 0.27 per read either way with 16 connections at depth 4, each connection's reads
-//! already arrive in groups) and would hold the first connection's reads for the others.
+//! submits only after starting reads, `AsyncReads::submit`): deferring it to the end of the
+//! reactor's turn saved no `io_uring_enter` (about 0.27 per read either way with 16
+//! connections at depth 4, each connection's reads already arrive in groups) and would hold
+//! the first connection's reads for the others.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
