@@ -20,6 +20,11 @@ IOPS; "other CPU" is the machine's busy time minus server and client over the po
 ranges min-max; ratios NVMe/TCP over NBD taken inside each round, median (min-max).
 
   python3 bench/nvme_vs_nbd.py [--runtime S] [--rounds N] [--flashpool BIN] [--load BIN]
+                               [--file-drives]
+
+`--file-drives` serves the default pool instead (five 1 GiB drive files in a work dir under
+target/, on this machine's disk): the front-ends over the drives users have, where a read
+waits for the disk (NBD reads go through the read queue, NVMe/TCP reads through its workers).
 
 Needs `cargo build --release -p flashpool -p flashpool-nvmet --example nvme-load` first.
 """
@@ -68,13 +73,20 @@ def children_cpu():
 
 
 class Server:
-    def __init__(self, flashpool):
-        self.dir = tempfile.mkdtemp(prefix="nvme-vs-nbd-")
+    def __init__(self, flashpool, file_drives=False):
+        if file_drives:
+            # On the disk, not /tmp (which may be a tmpfs).
+            base = os.path.join(ROOT, "target")
+            os.makedirs(base, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix="nvme-vs-nbd-", dir=base)
+        else:
+            self.dir = tempfile.mkdtemp(prefix="nvme-vs-nbd-")
         self.out = os.path.join(self.dir, "stdout")
         self.log = os.path.join(self.dir, "server.log")
-        args = [flashpool, "serve", "--memory", "--data", os.path.join(self.dir, "data"),
+        drives = [] if file_drives else ["--memory", "--drive-size", DRIVE_SIZE]
+        args = [flashpool, "serve", *drives, "--data", os.path.join(self.dir, "data"),
                 "--listen", "127.0.0.1:0", "--nvme-tcp", "127.0.0.1:0",
-                "--drive-size", DRIVE_SIZE, "--volume-size", str(SIZE)]
+                "--volume-size", str(SIZE)]
         self.cmd = " ".join(args[1:]).replace(self.dir, "TMP")
         self.proc = subprocess.Popen(args, stdout=open(self.out, "w"), stderr=open(self.log, "w"))
         self.nbd = self.nvme = None
@@ -148,16 +160,18 @@ def main():
     ap.add_argument("--flashpool", default=os.path.join(ROOT, "target", "release", "flashpool"))
     ap.add_argument("--load", default=os.path.join(ROOT, "target", "release", "examples",
                                                    "nvme-load"))
+    ap.add_argument("--file-drives", action="store_true",
+                    help="the default pool of drive files on this disk, not memory drives")
     a = ap.parse_args()
     for b in (a.flashpool, a.load):
         if not os.access(b, os.X_OK):
             raise SystemExit(f"{b} missing: cargo build --release -p flashpool "
                              "-p flashpool-nvmet --example nvme-load")
     load_before, started = loadavg(), time.strftime("%Y-%m-%d %H:%M")
-    srv = Server(a.flashpool)
+    srv = Server(a.flashpool, a.file_drives)
     results = {p: {pt[0]: [] for pt in POINTS} for p in PROTOS}
     try:
-        print(f"serving {srv.nbd} and {srv.nvme}; resting 10 s (memory drives prefaulted)",
+        print(f"serving {srv.nbd} and {srv.nvme}; resting 10 s (drives prefaulted or allocated)",
               file=sys.stderr, flush=True)
         time.sleep(10)
         r = fio_nbd(srv, "write", "1M", 8, 0)
