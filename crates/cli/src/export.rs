@@ -35,17 +35,7 @@ impl Export for VolumeExport {
         self.0.write_would_wait_now()
     }
     fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
-        // Asked once per connection: no ring is set up for pools that would not use it.
-        if !self.0.reads_suit_a_queue() {
-            return None;
-        }
-        let q = ReadQueue::new();
-        q.asynchronous().then(|| {
-            Box::new(VolumeReads {
-                vol: self.0.clone(),
-                q,
-            }) as Box<dyn flashpool_nbd::ReadQueue>
-        })
+        VolumeReads::new(&self.0).map(|q| Box::new(q) as Box<dyn flashpool_nbd::ReadQueue>)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         if fua {
@@ -78,15 +68,59 @@ impl Export for VolumeExport {
     }
 }
 
-/// A connection's reads of one volume on the engine's read queue.
-struct VolumeReads {
+/// A connection's reads of one volume on the engine's read queue: the NBD export's and the
+/// NVMe/TCP namespace's (nvme.rs) read queue alike.
+pub(crate) struct VolumeReads {
     vol: Volume,
     q: ReadQueue,
 }
 
+/// A finished read's bytes or error, as the engine's queue hands it out.
+pub(crate) type Finished = (
+    u64,
+    Result<Box<dyn AsRef<[u8]> + Send>, flashpool_engine::Error>,
+);
+
+impl VolumeReads {
+    /// A queue for reads of `vol`, if they would use one: asked once per connection, so no
+    /// ring is set up for pools that would not use it.
+    pub(crate) fn new(vol: &Volume) -> Option<VolumeReads> {
+        if !vol.reads_suit_a_queue() {
+            return None;
+        }
+        let q = ReadQueue::new();
+        q.asynchronous().then(|| VolumeReads {
+            vol: vol.clone(),
+            q,
+        })
+    }
+
+    pub(crate) fn start_bytes(&mut self, token: u64, offset: u64, len: usize) {
+        self.q.start(&self.vol, token, offset, len)
+    }
+
+    pub(crate) fn queue(&mut self) -> &mut ReadQueue {
+        &mut self.q
+    }
+
+    /// The next finished read: its token, and its data (sent from the queue's buffer, which
+    /// goes back to the queue when dropped) or error.
+    pub(crate) fn take_next(&mut self) -> Option<Finished> {
+        let mut d = self.q.take()?;
+        let token = d.token;
+        Some(match std::mem::replace(&mut d.result, Ok(())) {
+            Ok(()) => (token, Ok(Box::new(self.q.into_data(d)))),
+            Err(e) => {
+                self.q.recycle(d);
+                (token, Err(e))
+            }
+        })
+    }
+}
+
 impl flashpool_nbd::ReadQueue for VolumeReads {
     fn start(&mut self, token: u64, offset: u64, len: usize) {
-        self.q.start(&self.vol, token, offset, len)
+        self.start_bytes(token, offset, len)
     }
     fn submit(&mut self) {
         self.q.submit()
@@ -98,17 +132,10 @@ impl flashpool_nbd::ReadQueue for VolumeReads {
         self.q.wait(fd)
     }
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
-        let Some(mut d) = self.q.take() else {
+        let Some((token, res)) = self.take_next() else {
             return false;
         };
-        let token = d.token;
-        match std::mem::replace(&mut d.result, Ok(())) {
-            Ok(()) => f(token, Ok(Box::new(self.q.into_data(d)))),
-            Err(e) => {
-                self.q.recycle(d);
-                f(token, Err(err(e)));
-            }
-        }
+        f(token, res.map_err(err));
         true
     }
     fn ready_fd(&self) -> Option<std::os::fd::RawFd> {

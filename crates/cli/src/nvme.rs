@@ -5,12 +5,15 @@
 //! the same engine calls as the NBD export (export.rs), with the same error mapping by errno.
 //! The namespace tells the target which commands may wait for a drive (`Volume::read_may_wait`,
 //! `write_may_wait`, flushes unless every drive completes at once), so those run on the queue's
-//! worker threads and the rest inline; reads grouped by the target use `Volume::read_many`.
+//! worker threads and the rest inline; reads that may wait go on the engine's read queue
+//! (`VolumeReads`, shared with the NBD export), or, where it has none (memory drives, no
+//! io_uring), to the workers, grouped into `Volume::read_many`.
 //! The SMART / Health log's media errors come from the pool's unrecoverable blocks.
 //! Host access (`--nvme-allow-host`, `--nvme-dhchap-secret`) is checked by serve.rs at startup
 //! and handed to the subsystem as a `HostAccess`; the target enforces it (allow-list at
 //! Connect, DH-HMAC-CHAP on every queue of a host with a secret).
 
+use crate::export::VolumeReads;
 use anyhow::{Context, Result};
 use flashpool_engine::{Pool, Volume};
 use flashpool_nvmet::{
@@ -81,6 +84,9 @@ impl Namespace for VolumeNamespace {
     fn media_errors(&self) -> u64 {
         self.pool.stats().unrecoverable_blocks
     }
+    fn read_queue(&self) -> Option<Box<dyn flashpool_nvmet::ReadQueue>> {
+        VolumeReads::new(&self.vol).map(|q| Box::new(q) as Box<dyn flashpool_nvmet::ReadQueue>)
+    }
     fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), NsError> {
         if fua {
             self.vol.write_fua(lba * LBA, data).map_err(ns_error)
@@ -98,6 +104,31 @@ impl Namespace for VolumeNamespace {
         self.vol
             .write_zeroes(lba * LBA, count * LBA)
             .map_err(ns_error)
+    }
+}
+
+impl flashpool_nvmet::ReadQueue for VolumeReads {
+    fn start(&mut self, token: u64, lba: u64, len: usize) {
+        self.start_bytes(token, lba * LBA, len)
+    }
+    fn submit(&mut self) {
+        self.queue().submit()
+    }
+    fn poll(&mut self) {
+        self.queue().poll()
+    }
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
+        self.queue().wait(fd)
+    }
+    fn take(&mut self, f: &mut flashpool_nvmet::ReadDone<'_>) -> bool {
+        let Some((token, res)) = self.take_next() else {
+            return false;
+        };
+        f(token, res.map_err(ns_error));
+        true
+    }
+    fn outstanding(&self) -> usize {
+        flashpool_nbd::ReadQueue::outstanding(self)
     }
 }
 
@@ -211,6 +242,72 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
+    use flashpool_engine::PoolConfig;
+
+    fn pool_of(drives: Vec<DriveRef>) -> Arc<Pool> {
+        let cfg = PoolConfig {
+            k: 2,
+            m: 1,
+            segment_size: 4 << 20,
+            ..PoolConfig::default()
+        };
+        let pool = Arc::new(Pool::create(drives, &cfg).unwrap());
+        pool.create_volume("v", 8 << 20).unwrap();
+        pool
+    }
+
+    /// Every read started on `q`, by token, once all are in.
+    fn drain(q: &mut dyn flashpool_nvmet::ReadQueue) -> Vec<(u64, Result<Vec<u8>, NsError>)> {
+        q.submit();
+        let mut got = Vec::new();
+        while q.outstanding() > 0 {
+            q.wait(None).unwrap();
+            while q.take(&mut |t, r| got.push((t, r.map(|d| (*d).as_ref().to_vec())))) {}
+        }
+        got.sort_by_key(|g| g.0);
+        got
+    }
+
+    #[test]
+    fn a_volume_on_file_drives_reads_through_the_engines_read_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let drives: Vec<DriveRef> = (0..3)
+            .map(|i| {
+                let p = dir.path().join(format!("d{i}"));
+                Arc::new(FileDrive::create(&p, 64 << 20).unwrap()) as DriveRef
+            })
+            .collect();
+        let pool = pool_of(drives);
+        let (_, ns) = namespace_of(&pool, "v").unwrap();
+        let data: Vec<u8> = (0..64 * 4096u32)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        ns.write(16, &data, false).unwrap();
+        ns.flush().unwrap();
+        let Some(mut q) = ns.read_queue() else {
+            // Only where io_uring is unavailable (or refused) is there no queue.
+            assert!(!flashpool_engine::ReadQueue::new().asynchronous());
+            return;
+        };
+        q.start(1, 16, data.len());
+        q.start(2, 20, 3 * 4096);
+        q.start(3, 1000, 4096);
+        let got = drain(q.as_mut());
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], (1, Ok(data.clone())));
+        assert_eq!(got[1], (2, Ok(data[4 * 4096..7 * 4096].to_vec())));
+        assert_eq!(got[2], (3, Ok(vec![0u8; 4096])), "never written: zeros");
+    }
+
+    #[test]
+    fn a_volume_on_memory_drives_has_no_read_queue() {
+        let drives: Vec<DriveRef> = (0..3)
+            .map(|i| Arc::new(MemDrive::new(64 << 20, format!("mem:{i}"))) as DriveRef)
+            .collect();
+        let (_, ns) = namespace_of(&pool_of(drives), "v").unwrap();
+        assert!(ns.read_queue().is_none());
+    }
 
     #[test]
     fn default_port_only_when_none_given() {

@@ -13,21 +13,28 @@
 //!   `write_may_block`, `flush_may_block`), run inline on the reader; their
 //!   responses are collected and leave together when no complete PDU is left in
 //!   the read buffer (before the reader waits for the host).
-//! - I/O commands that may wait for a device run on the queue's worker threads
-//!   (started on demand, at most [`WORKERS_PER_QUEUE`]), so the reader keeps
-//!   parsing capsules while they run, and a slow command does not hold up the
-//!   ones behind it. Reads of one namespace queued while every worker is busy
-//!   run together as one [`crate::Namespace::read_many`] (their device reads in
-//!   flight at once). Each job's C2HData and CapsuleResp go out as soon as it
-//!   finishes: completions are out of order.
+//! - Reads that may wait for a device go on the namespace's read queue when it
+//!   offers one ([`crate::Namespace::read_queue`]) and the transport is a
+//!   descriptor: the reader starts them, keeps parsing, and answers each when
+//!   its data is in; with nothing to parse it waits for a read or the host at
+//!   once (`queued_reads.rs`). A host at queue depth 1 (the read is the only
+//!   command in progress) is read inline instead: waiting on a queue would only
+//!   add a system call.
+//! - Other I/O commands that may wait for a device run on the queue's worker
+//!   threads (started on demand, at most [`WORKERS_PER_QUEUE`]), so the reader
+//!   keeps parsing capsules while they run, and a slow command does not hold up
+//!   the ones behind it. Reads of one namespace queued while every worker is
+//!   busy run together as one [`crate::Namespace::read_many`] (their device
+//!   reads in flight at once). Each job's C2HData and CapsuleResp go out as
+//!   soon as it finishes: completions are out of order.
 //!
 //! Responses share the socket by flat combining: whoever has responses queues
 //! them and, if nobody is writing, writes every queued response in one
 //! `writev`; if another thread is writing, that one takes them too.
 //!
-//! Bounds: commands on workers at most the queue's size (SQSIZE + 1 from
-//! Connect; the reader waits for a worker beyond it) and [`MAX_JOB_BYTES`] of
-//! their data; R2T write buffers [`MAX_R2T_BYTES`] (writes beyond it wait for
+//! Bounds: commands on workers and the read queue at most the queue's size
+//! (SQSIZE + 1 from Connect; the reader answers queued reads or waits for a
+//! worker beyond it) and [`MAX_JOB_BYTES`] of their data; R2T write buffers [`MAX_R2T_BYTES`] (writes beyond it wait for
 //! their R2T) and [`QUEUE_SIZE`] commands waiting for data; responses not yet
 //! written [`MAX_UNSENT_BYTES`] (the reader stops taking commands beyond it, so
 //! a host that does not read cannot make the target buffer without bound).
@@ -39,6 +46,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::Scope;
@@ -50,7 +58,9 @@ use crate::controller::{
 use crate::digest;
 use crate::fabrics::OPC_FABRICS;
 use crate::io::Prepared;
+use crate::namespace::Namespace;
 use crate::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
+use crate::queued_reads::QueuedReads;
 use crate::status::Status;
 
 /// Most bytes of R2T write buffers one connection holds; writes beyond it
@@ -293,7 +303,17 @@ pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) 
     let close = move |how| {
         let _ = closer.shutdown(how);
     };
-    serve_io(stream, w, &close, &local_addr, target, shutdown)
+    let socket = Some(stream.as_raw_fd());
+    serve_queue(
+        stream,
+        w,
+        &close,
+        &local_addr,
+        socket,
+        None,
+        target,
+        shutdown,
+    )
 }
 
 /// Serve one queue arriving over TLS: `plain` is the pump's plain end
@@ -316,7 +336,17 @@ pub fn serve_tls(
     let close = move |how| {
         let _ = closer.shutdown(how);
     };
-    serve_queue(plain, w, &close, local_addr, Some(secure), target, shutdown)
+    let socket = Some(plain.as_raw_fd());
+    serve_queue(
+        plain,
+        w,
+        &close,
+        local_addr,
+        socket,
+        Some(secure),
+        target,
+        shutdown,
+    )
 }
 
 /// Serve one queue over any transport: `reader` gives what the host sends
@@ -333,15 +363,21 @@ pub fn serve_io<R: Read, W: Write + Send>(
     target: Arc<Target>,
     shutdown: Arc<AtomicBool>,
 ) -> End {
-    serve_queue(reader, writer, closer, local_addr, None, target, shutdown)
+    serve_queue(
+        reader, writer, closer, local_addr, None, None, target, shutdown,
+    )
 }
 
-/// [`serve_io`], with the TLS channel the queue runs over, if any.
+/// [`serve_io`], with the descriptor `reader` reads (with it, reads that may wait for a
+/// device go on the namespace's read queue, waited on with the socket: see
+/// [`crate::queued_reads`]) and the TLS channel the queue runs over, if any.
+#[allow(clippy::too_many_arguments)]
 fn serve_queue<R: Read, W: Write + Send>(
     reader: R,
     writer: W,
     closer: Closer<'_>,
     local_addr: &str,
+    socket: Option<RawFd>,
     tls: Option<crate::tls::TlsPeer>,
     target: Arc<Target>,
     shutdown: Arc<AtomicBool>,
@@ -388,6 +424,9 @@ fn serve_queue<R: Read, W: Write + Send>(
             waiting: VecDeque::new(),
             held: HashSet::new(),
             next_ttag: 0,
+            socket,
+            queued: None,
+            queue_asked: false,
         };
         let end = r.run();
         r.finish(&end);
@@ -438,6 +477,17 @@ impl InBuf {
             self.start = 0;
         }
     }
+}
+
+/// Whether `fd` has bytes to read (or is at its end) now.
+fn readable_now(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on our stack, a zero timeout; `fd` is the queue's open socket.
+    unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
 }
 
 /// Write whole buffers with as few `writev` calls as possible.
@@ -669,6 +719,13 @@ struct Reader<'s, 'e, 'c, R, W> {
     /// CIDs of commands held without completion (AERs).
     held: HashSet<u16>,
     next_ttag: u16,
+    /// The descriptor `stream` reads, when it is one (a socket, or the plain end of a TLS
+    /// pump): needed to wait on it and a read queue at once.
+    socket: Option<RawFd>,
+    /// Reads in progress on a namespace's read queue.
+    queued: Option<QueuedReads>,
+    /// Whether a namespace was asked for its read queue (once per queue).
+    queue_asked: bool,
 }
 
 impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
@@ -738,6 +795,10 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     /// Before waiting for the host: start the reads gathered and send the
     /// responses collected.
     fn flush_out(&mut self) -> Result<(), Fatal> {
+        if let Some(r) = &mut self.queued {
+            r.submit();
+        }
+        self.collect_queued()?;
         if !self.group.is_empty() {
             let g = std::mem::take(&mut self.group);
             self.hand_off(Job::Reads(g))?;
@@ -776,6 +837,20 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     /// what is collected first.
     fn recv(&mut self, into: &mut [u8]) -> Result<usize, Fatal> {
         self.flush_out()?;
+        // While reads are on the read queue: wait for one of them or for the host, and
+        // answer the reads that finish, until the host has sent something.
+        while let (Some(r), Some(fd)) = (&mut self.queued, self.socket) {
+            if r.in_progress() == 0 {
+                break;
+            }
+            let maybe_readable = r.wait(Some(fd)).map_err(|e| Fatal::End(End::Io(e)))?;
+            self.collect_queued()?;
+            self.send_batch()?;
+            if maybe_readable && readable_now(fd) {
+                break;
+            }
+            self.check_alive()?;
+        }
         loop {
             match self.stream.read(into) {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
@@ -1004,6 +1079,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             || self.pending.values().any(|p| p.cmd.cid() == cid)
             || self.waiting.iter().any(|w| w.cid() == cid)
             || self.group.iter().any(|p| p.cmd.cid() == cid)
+            || self.queued.as_ref().is_some_and(|r| r.has_cid(cid))
             || lock(&self.sh.work).cids.contains(&cid)
         {
             // The CID of a command still outstanding: answer without touching it.
@@ -1187,10 +1263,14 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             && self.batch.is_empty()
             && self.group.is_empty()
             && self.pending.is_empty()
+            && self.queued.as_ref().is_none_or(|r| r.in_progress() == 0)
             && lock(&self.sh.work).outstanding == 0;
         if alone {
             let out = crate::io::run(&p, &[]);
             return self.complete(&p.cmd, out);
+        }
+        if self.read_queue_for(&ns) {
+            return self.start_queued(p);
         }
         if self
             .group
@@ -1221,27 +1301,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     /// sending the collected responses) while the queue's bounds are reached.
     fn hand_off(&mut self, job: Job) -> Result<(), Fatal> {
         let (n, bytes) = (job.commands(), job.bytes());
-        let limit = self.q.sqsize as usize + 1;
-        let over = |w: &Work| {
-            w.outstanding > 0 && (w.outstanding + n > limit || w.bytes + bytes > MAX_JOB_BYTES)
-        };
-        if over(&lock(&self.sh.work)) {
-            self.send_batch()?;
-            let mut w = lock(&self.sh.work);
-            while over(&w) {
-                w.reader_waits = true;
-                w = self
-                    .sh
-                    .done_cv
-                    .wait_timeout(w, POLL_INTERVAL)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                w.reader_waits = false;
-                if !self.alive() {
-                    return Err(Fatal::End(End::TimedOut));
-                }
-            }
-        }
+        self.make_room(n, bytes)?;
         let cids = job.cids();
         let mut w = lock(&self.sh.work);
         w.outstanding += n;
@@ -1280,6 +1340,100 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         Ok(())
     }
 
+    /// Waits (after sending the collected responses) until `n` more commands
+    /// with `bytes` of data fit the queue's bounds beside those on workers and
+    /// on the read queue. Only this thread answers the read queue's reads, so
+    /// it answers them to make room before it waits for a worker.
+    fn make_room(&mut self, n: usize, bytes: usize) -> Result<(), Fatal> {
+        let limit = self.q.sqsize as usize + 1;
+        let mut sent = false;
+        loop {
+            let (qn, qb) = self
+                .queued
+                .as_ref()
+                .map_or((0, 0), |r| (r.in_progress(), r.bytes()));
+            let mut w = lock(&self.sh.work);
+            let (on, ob) = (w.outstanding + qn, w.bytes + qb);
+            if on == 0 || (on + n <= limit && ob + bytes <= MAX_JOB_BYTES) {
+                return Ok(());
+            }
+            drop(w);
+            if !sent {
+                self.send_batch()?;
+                sent = true;
+                continue;
+            }
+            if qn > 0 {
+                self.await_queued()?;
+                continue;
+            }
+            w = lock(&self.sh.work);
+            if w.outstanding == 0 {
+                continue;
+            }
+            w.reader_waits = true;
+            w = self
+                .sh
+                .done_cv
+                .wait_timeout(w, POLL_INTERVAL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            w.reader_waits = false;
+            drop(w);
+            if !self.alive() {
+                return Err(Fatal::End(End::TimedOut));
+            }
+        }
+    }
+
+    /// Whether reads of `ns` go on a read queue: the queue's own, or one `ns` offers now
+    /// (asked once per queue, and only where the thread can wait on its socket).
+    fn read_queue_for(&mut self, ns: &Arc<dyn Namespace>) -> bool {
+        if let Some(r) = &self.queued {
+            return r.serves(ns);
+        }
+        if self.queue_asked || self.socket.is_none() {
+            return false;
+        }
+        self.queue_asked = true;
+        self.queued = ns.read_queue().map(|q| QueuedReads::new(ns.clone(), q));
+        self.queued.is_some()
+    }
+
+    /// Starts Read `p` on the read queue, once it fits the queue's bounds.
+    fn start_queued(&mut self, p: Prepared) -> Result<(), Fatal> {
+        self.make_room(1, p.xfer_len as usize)?;
+        if let Some(r) = &mut self.queued {
+            r.start(p);
+        }
+        Ok(())
+    }
+
+    /// Answers the read queue's reads finished so far.
+    fn collect_queued(&mut self) -> Result<(), Fatal> {
+        let Some(r) = &mut self.queued else {
+            return Ok(());
+        };
+        let mut done = Vec::new();
+        r.finished(&mut done);
+        for (cmd, out) in done {
+            self.complete(&cmd, out)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the responses collected, waits for a read on the read queue to
+    /// finish, and answers those finished.
+    fn await_queued(&mut self) -> Result<(), Fatal> {
+        self.send_batch()?;
+        if let Some(r) = &mut self.queued {
+            r.submit();
+            r.wait(None).map_err(|e| Fatal::End(End::Io(e)))?;
+        }
+        self.collect_queued()?;
+        self.send_batch()
+    }
+
     /// Hand gathered reads to a worker without waiting for room (the end of
     /// the connection: the bounds no longer matter).
     fn hand_off_group_quiet(&mut self) {
@@ -1292,6 +1446,9 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
 
     /// Wait until no command is on a worker (or the connection must end).
     fn wait_idle(&mut self) -> Result<(), Fatal> {
+        while self.queued.as_ref().is_some_and(|r| r.in_progress() > 0) {
+            self.await_queued()?;
+        }
         let mut w = lock(&self.sh.work);
         while w.outstanding > 0 {
             w.reader_waits = true;

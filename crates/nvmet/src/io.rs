@@ -182,6 +182,38 @@ impl Prepared {
             _ => None,
         }
     }
+
+    /// A Read: its first LBA (its length is `xfer_len`).
+    pub fn read_lba(&self) -> Option<u64> {
+        match &self.op {
+            Op::Read { slba, .. } => Some(*slba),
+            _ => None,
+        }
+    }
+
+    /// The outcome of a Read that ran elsewhere (a read queue): its data, or the status of
+    /// its error, counted for the SMART log as [`run`] counts its own. Data of another
+    /// length than the command's would break the response's framing: an internal error.
+    pub fn read_outcome(&self, r: Result<&[u8], NsError>) -> Outcome {
+        let Op::Read { slot, .. } = &self.op else {
+            return Outcome::status(Status::INTERNAL_ERROR);
+        };
+        match r {
+            Ok(d) if d.len() == self.xfer_len as usize => {
+                slot.counters.read_done(d.len() as u64);
+                Outcome::data(d.to_vec())
+            }
+            Ok(d) => {
+                tracing::warn!(
+                    got = d.len(),
+                    want = self.xfer_len,
+                    "a read queue returned data of the wrong length"
+                );
+                Outcome::status(Status::INTERNAL_ERROR)
+            }
+            Err(e) => Outcome::status(ns_status(e, Some(slot), true)),
+        }
+    }
 }
 
 /// Run a prepared command; `data` is the host's data (Write, DSM).

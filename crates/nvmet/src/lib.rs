@@ -23,8 +23,10 @@
 //! - [`health`]: the SMART / Health log page and the I/O counters behind it.
 //! - [`discovery`]: the discovery log page.
 //! - [`connection`]: one queue (one TCP connection): PDU framing, R2T/H2C
-//!   data transfer, dispatch inline or to the queue's worker threads, responses
-//!   sent as each command finishes (out of order).
+//!   data transfer, dispatch inline, to the namespace's read queue or to the
+//!   queue's worker threads, responses sent as each command finishes (out of
+//!   order).
+//! - `queued_reads`: a queue's reads in progress on its namespace's read queue.
 //! - [`server`]: the listener, thread-per-connection.
 
 pub mod admin;
@@ -41,6 +43,7 @@ pub mod io;
 pub mod namespace;
 pub mod pdu;
 pub mod psk;
+mod queued_reads;
 pub mod secret;
 pub mod server;
 pub mod status;
@@ -48,7 +51,7 @@ pub mod tls;
 
 pub use controller::{HostAccess, NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
 pub use health::{Health, IoCounters};
-pub use namespace::{MemNamespace, Namespace, NsError};
+pub use namespace::{MemNamespace, Namespace, NsError, ReadData, ReadDone, ReadQueue};
 pub use psk::{ConfiguredPsk, HostPsks};
 pub use secret::{HostSecrets, Secret, SecretEntry};
 pub use server::{RunningServer, Server};

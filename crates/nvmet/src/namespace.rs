@@ -85,6 +85,41 @@ pub trait Namespace: Send + Sync {
     fn media_errors(&self) -> u64 {
         0
     }
+    /// A queue of its own for one I/O queue's reads that may wait for a device: the
+    /// connection thread starts them, goes on with the commands behind them, and answers
+    /// each when it completes, instead of handing them to worker threads. Asked once per
+    /// I/O queue, for the first read that may block. Default: None (reads that may block go
+    /// to the workers).
+    fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
+        None
+    }
+}
+
+/// A finished queued read's bytes, owned (dropped once copied into the response).
+pub type ReadData = Box<dyn AsRef<[u8]> + Send>;
+
+/// What [`ReadQueue::take`] hands a finished read to: its token, and its data or error.
+pub type ReadDone<'a> = dyn FnMut(u64, Result<ReadData, NsError>) + 'a;
+
+/// Reads of one namespace that one thread starts and completes itself, many in flight at
+/// once, completing in any order ([`Namespace::read_queue`]). Used by one thread.
+pub trait ReadQueue: Send {
+    /// Starts reading `len` bytes (whole blocks) at `lba` (a range the target checked); the
+    /// result comes out of [`ReadQueue::take`] under `token`.
+    fn start(&mut self, token: u64, lba: u64, len: usize);
+    /// Hands the reads started so far to the devices without waiting.
+    fn submit(&mut self);
+    /// Collects the reads finished so far, without waiting.
+    fn poll(&mut self);
+    /// Waits until a read finishes or `fd` (the connection's socket) is readable or hung up;
+    /// true when `fd` may be (a poll can report bytes the caller read meanwhile: the caller
+    /// checks before a read that would block). Returns at once when a finished read waits
+    /// to be taken.
+    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool>;
+    /// Passes the next finished read (token, data or error) to `f`; false when none.
+    fn take(&mut self, f: &mut ReadDone<'_>) -> bool;
+    /// Reads started and not yet taken.
+    fn outstanding(&self) -> usize;
 }
 
 /// Check that `count` blocks from `lba` lie inside a namespace of `blocks` blocks.

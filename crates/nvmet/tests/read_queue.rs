@@ -1,0 +1,498 @@
+//! Reads on a namespace's read queue (`Namespace::read_queue`): the queue's own thread
+//! starts each read that may wait for a device and answers it when it completes, in
+//! completion order, while it goes on with the commands behind it; no worker runs them.
+//! The queue here delays each read by a rule of its LBA (a device slow in places) and
+//! completes reads in the order they come due, so the tests see the target's side of reads
+//! that finish late and out of order: the slow read answered last, many in flight at once,
+//! the queue's size kept, errors and broken queues answered with the right status, a
+//! wake-up for a socket with nothing to read, a CID still in use refused, and a host that
+//! vanishes with reads in flight.
+
+mod common;
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use flashpool_nvmet::connection::End;
+use flashpool_nvmet::pdu::{self, Command};
+use flashpool_nvmet::status::Status;
+use flashpool_nvmet::{
+    MemNamespace, Namespace, NsError, ReadDone, ReadQueue, Subsystem, Target, TargetConfig,
+};
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    Rng(seed).fill(&mut v);
+    v
+}
+
+/// How long a read at an LBA takes, and which LBAs fail.
+#[derive(Clone, Copy, Default)]
+struct Rules {
+    /// Reads starting below this LBA take `slow`.
+    slow_below: u64,
+    slow: Duration,
+    /// Other reads take up to this much, by a hash of their LBA (0: at once).
+    jitter_ms: u64,
+    /// A read starting here fails with a media error.
+    fail_at: Option<u64>,
+    /// A read starting here returns one byte short (a broken queue).
+    short_at: Option<u64>,
+    /// Every other wait with reads pending says the socket may be readable when it is not
+    /// (as a poll that fired for bytes a read already took).
+    spurious: bool,
+}
+
+/// What the namespace and its queues saw.
+#[derive(Default)]
+struct Seen {
+    /// Reads run by `Namespace::read` or `read_many` (inline or on a worker).
+    direct_reads: AtomicUsize,
+    /// Most reads on one queue at once.
+    most_queued: AtomicUsize,
+    queues: AtomicUsize,
+    queues_dropped: AtomicUsize,
+}
+
+struct QueuedNs {
+    disk: Arc<MemNamespace>,
+    rules: Rules,
+    seen: Arc<Seen>,
+}
+
+impl Namespace for QueuedNs {
+    fn block_size(&self) -> u32 {
+        self.disk.block_size()
+    }
+    fn blocks(&self) -> u64 {
+        self.disk.blocks()
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.disk.uuid()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), NsError> {
+        self.seen.direct_reads.fetch_add(1, Ordering::SeqCst);
+        self.disk.read(lba, buf)
+    }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), NsError>> {
+        self.seen
+            .direct_reads
+            .fetch_add(reads.len(), Ordering::SeqCst);
+        reads
+            .iter_mut()
+            .map(|(lba, buf)| self.disk.read(*lba, buf))
+            .collect()
+    }
+    fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), NsError> {
+        self.disk.write(lba, data, fua)
+    }
+    fn flush(&self) -> Result<(), NsError> {
+        Ok(())
+    }
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        self.disk.deallocate(lba, count)
+    }
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), NsError> {
+        self.disk.write_zeroes(lba, count)
+    }
+    fn read_may_block(&self, _lba: u64, _count: u64) -> bool {
+        true
+    }
+    fn flush_may_block(&self) -> bool {
+        false
+    }
+    fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
+        self.seen.queues.fetch_add(1, Ordering::SeqCst);
+        Some(Box::new(DelayQueue {
+            disk: self.disk.clone(),
+            rules: self.rules,
+            seen: self.seen.clone(),
+            pending: Vec::new(),
+            ready: Vec::new(),
+            waits: 0,
+        }))
+    }
+}
+
+struct DelayQueue {
+    disk: Arc<MemNamespace>,
+    rules: Rules,
+    seen: Arc<Seen>,
+    /// (due, token, lba, len)
+    pending: Vec<(Instant, u64, u64, usize)>,
+    ready: Vec<(u64, u64, usize)>,
+    waits: u64,
+}
+
+impl DelayQueue {
+    fn delay(&self, lba: u64) -> Duration {
+        if lba < self.rules.slow_below {
+            return self.rules.slow;
+        }
+        if self.rules.jitter_ms == 0 {
+            return Duration::ZERO;
+        }
+        let h = lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+        Duration::from_millis(h % (self.rules.jitter_ms + 1))
+    }
+}
+
+impl Drop for DelayQueue {
+    fn drop(&mut self) {
+        self.seen.queues_dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl ReadQueue for DelayQueue {
+    fn start(&mut self, token: u64, lba: u64, len: usize) {
+        let due = Instant::now() + self.delay(lba);
+        self.pending.push((due, token, lba, len));
+        self.seen
+            .most_queued
+            .fetch_max(self.outstanding(), Ordering::SeqCst);
+    }
+    fn submit(&mut self) {}
+    fn poll(&mut self) {
+        let now = Instant::now();
+        self.pending.sort_by_key(|p| p.0);
+        while self.pending.first().is_some_and(|p| p.0 <= now) {
+            let (_, t, l, n) = self.pending.remove(0);
+            self.ready.push((t, l, n));
+        }
+    }
+    fn wait(&mut self, fd: Option<RawFd>) -> std::io::Result<bool> {
+        self.poll();
+        if !self.ready.is_empty() {
+            return Ok(false);
+        }
+        self.waits += 1;
+        if self.rules.spurious && !self.pending.is_empty() && self.waits.is_multiple_of(2) {
+            return Ok(true);
+        }
+        let timeout = match self.pending.first() {
+            Some(p) => p.0.saturating_duration_since(Instant::now()).as_millis() as i32 + 1,
+            None if fd.is_some() => -1,
+            None => return Ok(false),
+        };
+        let mut pfd = libc::pollfd {
+            fd: fd.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack; a negative fd is ignored by poll.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout) };
+        if n > 0 && pfd.revents != 0 {
+            return Ok(true);
+        }
+        self.poll();
+        Ok(false)
+    }
+    fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
+        if self.ready.is_empty() {
+            return false;
+        }
+        let (token, lba, len) = self.ready.remove(0);
+        if self.rules.fail_at == Some(lba) {
+            f(token, Err(NsError::Media("injected read error".into())));
+        } else {
+            let mut buf = vec![0u8; len];
+            if self.rules.short_at == Some(lba) {
+                buf.pop();
+            }
+            let n = buf.len() - buf.len() % self.disk.block_size() as usize;
+            match self.disk.read(lba, &mut buf[..n]) {
+                Ok(()) => f(token, Ok(Box::new(buf))),
+                Err(e) => f(token, Err(e)),
+            }
+        }
+        true
+    }
+    fn outstanding(&self) -> usize {
+        self.pending.len() + self.ready.len()
+    }
+}
+
+fn setup(rules: Rules) -> (Arc<QueuedNs>, TargetConfig) {
+    let ns = Arc::new(QueuedNs {
+        disk: Arc::new(MemNamespace::new(NS_BYTES, BS as u32, [0x51; 16])),
+        rules,
+        seen: Arc::new(Seen::default()),
+    });
+    let s = Subsystem::new(NQN, "test-serial");
+    s.add_namespace(1, ns.clone());
+    let config = TargetConfig {
+        subsystems: vec![s],
+        traddr: String::new(),
+        trsvcid: String::new(),
+        tls: None,
+    };
+    (ns, config)
+}
+
+/// Submit `cmds` in one burst and collect every completion: (cid, status) in arrival order.
+fn run_burst(io: &mut Host, cmds: Vec<(Command, Vec<u8>, Option<Vec<u8>>)>) -> Vec<(u16, Status)> {
+    let n = cmds.len();
+    io.burst(cmds);
+    (0..n)
+        .map(|_| {
+            let c = io.completion();
+            (c.cid, Status::from_field(c.status))
+        })
+        .collect()
+}
+
+/// Writes `blocks` blocks of a pattern at `lba` straight into the namespace's disk.
+fn put(ns: &QueuedNs, lba: u64, seed: u64) -> Vec<u8> {
+    let d = pattern(seed, BS);
+    ns.disk.write(lba, &d, false).unwrap();
+    d
+}
+
+#[test]
+fn queued_reads_complete_out_of_order_on_the_queue_thread() {
+    let (ns, config) = setup(Rules {
+        slow_below: 16,
+        slow: Duration::from_millis(500),
+        jitter_ms: 20,
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let slow_data = put(&ns, 4, 1);
+    let fast: Vec<(u64, Vec<u8>)> = (0..24u64)
+        .map(|i| (1000 + i * 7, put(&ns, 1000 + i * 7, 100 + i)))
+        .collect();
+    // The slow read first, then fast reads and a write behind it, in one burst.
+    let slow = io.read_cmd(1, 4, 1);
+    let slow_cid = slow.cid();
+    let mut cmds = vec![(slow, Vec::new(), None)];
+    let mut cids = Vec::new();
+    for (lba, _) in &fast {
+        let c = io.read_cmd(1, *lba, 1);
+        cids.push(c.cid());
+        cmds.push((c, Vec::new(), None));
+    }
+    let w = io.rw_cmd(0x01, 1, 5000, 1);
+    cmds.push((w, pattern(9, BS), None));
+    let order = run_burst(&mut io, cmds);
+    assert!(
+        order.iter().all(|(_, s)| *s == Status::SUCCESS),
+        "{order:?}"
+    );
+    assert_eq!(
+        order.last().map(|o| o.0),
+        Some(slow_cid),
+        "the slow read completes last: {order:?}"
+    );
+    assert_eq!(io.incoming.remove(&slow_cid), Some(slow_data));
+    for (cid, (lba, d)) in cids.iter().zip(&fast) {
+        assert_eq!(io.incoming.remove(cid).as_ref(), Some(d), "lba {lba}");
+    }
+    assert_eq!(ns.seen.queues.load(Ordering::SeqCst), 1, "one queue");
+    assert_eq!(
+        ns.seen.direct_reads.load(Ordering::SeqCst),
+        0,
+        "every read went on the queue, none inline or to a worker"
+    );
+    assert!(
+        ns.seen.most_queued.load(Ordering::SeqCst) >= 20,
+        "reads in flight at once: {}",
+        ns.seen.most_queued.load(Ordering::SeqCst)
+    );
+    // The written block reads back (through the queue or inline, as it comes).
+    assert_eq!(io.read(1, 5000, 1), (Status::SUCCESS, pattern(9, BS)));
+}
+
+#[test]
+fn queued_reads_keep_the_queue_size() {
+    let (ns, config) = setup(Rules {
+        jitter_ms: 5,
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    // An I/O queue of 2 entries (SQSIZE 1), and a host that sends 40 reads without
+    // waiting: the target answers queued reads to make room, never more than 2 at once.
+    let mut io = Host::new(srv.addr, false, false);
+    let cmd = io.connect_cmd(1, 1, 0);
+    let d = Host::connect_data(NQN, HOSTNQN, cntlid);
+    assert_eq!(io.exec(cmd, &d, None).0, Status::SUCCESS);
+    let data: Vec<Vec<u8>> = (0..40u64).map(|i| put(&ns, i * 4, 300 + i)).collect();
+    let cmds: Vec<_> = (0..40u64)
+        .map(|i| (io.read_cmd(1, i * 4, 1), Vec::new(), None))
+        .collect();
+    let cids: Vec<u16> = cmds.iter().map(|c| c.0.cid()).collect();
+    let order = run_burst(&mut io, cmds);
+    assert_eq!(order.len(), 40);
+    assert!(order.iter().all(|(_, s)| *s == Status::SUCCESS));
+    assert_eq!(
+        ns.seen.most_queued.load(Ordering::SeqCst),
+        2,
+        "reads at once"
+    );
+    for (cid, d) in cids.iter().zip(&data) {
+        assert_eq!(io.incoming.remove(cid).as_ref(), Some(d), "cid {cid}");
+    }
+}
+
+#[test]
+fn failed_and_broken_queued_reads_get_their_status() {
+    let (ns, config) = setup(Rules {
+        jitter_ms: 3,
+        fail_at: Some(40),
+        short_at: Some(48),
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let good = put(&ns, 56, 7);
+    let cmds: Vec<_> = [40u64, 48, 56, 64]
+        .iter()
+        .map(|&lba| (io.read_cmd(1, lba, 1), Vec::new(), None))
+        .collect();
+    let cids: Vec<u16> = cmds.iter().map(|c| c.0.cid()).collect();
+    let order = run_burst(&mut io, cmds);
+    let status = |cid: u16| order.iter().find(|o| o.0 == cid).map(|o| o.1);
+    assert_eq!(status(cids[0]), Some(Status::UNRECOVERED_READ), "{order:?}");
+    assert_eq!(status(cids[1]), Some(Status::INTERNAL_ERROR), "{order:?}");
+    assert_eq!(status(cids[2]), Some(Status::SUCCESS), "{order:?}");
+    assert_eq!(status(cids[3]), Some(Status::SUCCESS), "{order:?}");
+    assert_eq!(io.incoming.remove(&cids[2]), Some(good));
+    assert!(
+        !io.incoming.contains_key(&cids[0]),
+        "no data for a failed read"
+    );
+    assert!(
+        !io.incoming.contains_key(&cids[1]),
+        "no data for a broken read"
+    );
+    // The queue goes on.
+    assert_eq!(io.read(1, 56, 1).0, Status::SUCCESS);
+}
+
+#[test]
+fn a_socket_wake_up_with_nothing_to_read_does_not_block_the_reads() {
+    let (ns, config) = setup(Rules {
+        jitter_ms: 30,
+        spurious: true,
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let data: Vec<Vec<u8>> = (0..16u64).map(|i| put(&ns, 200 + i, 400 + i)).collect();
+    for round in 0..3 {
+        let cmds: Vec<_> = (0..16u64)
+            .map(|i| (io.read_cmd(1, 200 + i, 1), Vec::new(), None))
+            .collect();
+        let cids: Vec<u16> = cmds.iter().map(|c| c.0.cid()).collect();
+        let t0 = Instant::now();
+        let order = run_burst(&mut io, cmds);
+        let took = t0.elapsed();
+        assert!(order.iter().all(|(_, s)| *s == Status::SUCCESS));
+        for (cid, d) in cids.iter().zip(&data) {
+            assert_eq!(io.incoming.remove(cid).as_ref(), Some(d), "cid {cid}");
+        }
+        // A thread that trusted the wake-up would sit in a blocking read of the socket
+        // for the connection's poll interval (200 ms) at every other wait.
+        assert!(
+            took < Duration::from_millis(1000),
+            "round {round}: {took:?}"
+        );
+    }
+}
+
+#[test]
+fn a_cid_still_on_the_queue_is_refused() {
+    let (ns, config) = setup(Rules {
+        slow_below: 8,
+        slow: Duration::from_millis(300),
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let d = put(&ns, 2, 5);
+    let slow = io.read_cmd(1, 2, 1);
+    let other = io.read_cmd(1, 100, 1);
+    // The second slow read reuses the first's CID while it is still on the queue.
+    let mut again = Command::new(0x02, slow.cid(), 1);
+    again.set_cdw(10, 3);
+    again.set_sgl(0, BS as u32, pdu::SGL_TRANSPORT);
+    let order = run_burst(
+        &mut io,
+        vec![
+            (slow, Vec::new(), None),
+            (other, Vec::new(), None),
+            (again, Vec::new(), None),
+        ],
+    );
+    let mine: Vec<Status> = order
+        .iter()
+        .filter(|o| o.0 == slow.cid())
+        .map(|o| o.1)
+        .collect();
+    assert_eq!(
+        mine,
+        vec![Status::CID_CONFLICT, Status::SUCCESS],
+        "{order:?}"
+    );
+    assert_eq!(io.incoming.remove(&slow.cid()), Some(d));
+}
+
+#[test]
+fn a_host_that_vanishes_with_queued_reads_ends_cleanly() {
+    let (ns, config) = setup(Rules {
+        slow_below: 64,
+        slow: Duration::from_millis(300),
+        ..Rules::default()
+    });
+    let target = Target::new(config);
+    let (addr, admin) = serve_one(target.clone());
+    let (mut a, cntlid) = Host::admin(addr, NQN, false, false);
+    a.set_queues(1);
+    let (addr, t) = serve_one(target.clone());
+    let mut io = Host::io(addr, cntlid, 1, false, false);
+    let cmds: Vec<_> = (0..8u64)
+        .map(|i| (io.read_cmd(1, i, 1), Vec::new(), None))
+        .collect();
+    io.burst(cmds);
+    std::thread::sleep(Duration::from_millis(50));
+    drop(io);
+    match t.join() {
+        Ok(End::Closed) | Ok(End::Io(_)) => {}
+        other => panic!("I/O queue ended with {other:?}"),
+    }
+    assert!(ns.seen.most_queued.load(Ordering::SeqCst) >= 7);
+    assert_eq!(
+        ns.seen.queues_dropped.load(Ordering::SeqCst),
+        ns.seen.queues.load(Ordering::SeqCst),
+        "the queue went with its connection"
+    );
+    // The controller lives on: another I/O queue works, with a queue of its own.
+    let (addr, t) = serve_one(target.clone());
+    let mut io = Host::io(addr, cntlid, 1, false, false);
+    let d = put(&ns, 500, 11);
+    let cmds: Vec<_> = (0..2u64)
+        .map(|i| (io.read_cmd(1, 500 + i, 1), Vec::new(), None))
+        .collect();
+    let first = cmds[0].0.cid();
+    assert!(run_burst(&mut io, cmds)
+        .iter()
+        .all(|(_, s)| *s == Status::SUCCESS));
+    assert_eq!(io.incoming.remove(&first), Some(d));
+    drop(io);
+    t.join().expect("no panic");
+    drop(a);
+    admin.join().expect("no panic");
+}
