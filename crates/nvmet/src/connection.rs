@@ -58,7 +58,7 @@ use crate::controller::{
 use crate::digest;
 use crate::fabrics::OPC_FABRICS;
 use crate::io::Prepared;
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, ReadData};
 use crate::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
 use crate::queued_reads::QueuedReads;
 use crate::status::Status;
@@ -249,7 +249,7 @@ struct Work {
 /// Responses waiting for the socket.
 #[derive(Default)]
 struct Unsent {
-    bufs: Vec<Vec<u8>>,
+    bufs: Vec<OutBuf>,
     /// Bytes queued here or being written.
     bytes: usize,
     /// The reader waits for `bytes` to drop.
@@ -259,7 +259,7 @@ struct Unsent {
 struct WriteSide<W> {
     w: W,
     /// Reused batch vector.
-    spare: Vec<Vec<u8>>,
+    spare: Vec<OutBuf>,
 }
 
 /// Closes (part of) the connection's transport, to unblock a reader or writer.
@@ -491,11 +491,11 @@ fn readable_now(fd: RawFd) -> bool {
 }
 
 /// Write whole buffers with as few `writev` calls as possible.
-fn write_bufs<W: Write>(w: &mut W, bufs: &[Vec<u8>]) -> io::Result<()> {
+fn write_bufs<W: Write>(w: &mut W, bufs: &[OutBuf]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len().min(MAX_IOV));
     for group in bufs.chunks(MAX_IOV) {
         slices.clear();
-        slices.extend(group.iter().map(|b| IoSlice::new(b)));
+        slices.extend(group.iter().map(|b| IoSlice::new(b.as_slice())));
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
             match w.write_vectored(rest) {
@@ -513,11 +513,11 @@ fn write_bufs<W: Write>(w: &mut W, bufs: &[Vec<u8>]) -> io::Result<()> {
 /// successful command that returns data), then the CapsuleResp.
 #[allow(clippy::too_many_arguments)]
 fn encode_response(
-    out: &mut Vec<Vec<u8>>,
+    out: &mut Vec<OutBuf>,
     cmd: &Command,
     status: Status,
     result: u64,
-    mut data: Vec<u8>,
+    data: OutBuf,
     sq_head: u16,
     sq_id: u16,
     hdgst: bool,
@@ -528,8 +528,8 @@ fn encode_response(
     if status.is_success() && !data.is_empty() && cmd.direction() == 2 {
         let n = data.len().min(sgl_len as usize);
         if n > 0 {
-            data.truncate(n);
-            out.push(pdu::data_header(
+            let data = data.truncated(n);
+            out.push(OutBuf::Bytes(pdu::data_header(
                 pdu::C2H_DATA,
                 cmd.cid(),
                 0,
@@ -538,9 +538,9 @@ fn encode_response(
                 true,
                 hdgst,
                 ddgst,
-            ));
+            )));
             if ddgst {
-                tail.extend_from_slice(&digest::digest_bytes(&data));
+                tail.extend_from_slice(&digest::digest_bytes(data.as_slice()));
             }
             out.push(data);
         }
@@ -553,13 +553,49 @@ fn encode_response(
         status: status.to_field(),
     };
     tail.extend_from_slice(&pdu::capsule_resp(&cqe, hdgst));
-    out.push(tail);
+    out.push(OutBuf::Bytes(tail));
+}
+
+/// A buffer of the response stream: bytes the target built, or a queued read's data, sent
+/// from the read queue's buffer without a copy (which goes back to the queue when dropped).
+pub(crate) enum OutBuf {
+    Bytes(Vec<u8>),
+    Read(ReadData),
+}
+
+impl OutBuf {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            OutBuf::Bytes(b) => b,
+            OutBuf::Read(d) => (**d).as_ref(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its first `n` bytes (at most its length).
+    fn truncated(self, n: usize) -> OutBuf {
+        match self {
+            OutBuf::Bytes(mut b) => {
+                b.truncate(n);
+                OutBuf::Bytes(b)
+            }
+            OutBuf::Read(d) if (*d).as_ref().len() <= n => OutBuf::Read(d),
+            OutBuf::Read(d) => OutBuf::Bytes((*d).as_ref()[..n].to_vec()),
+        }
+    }
 }
 
 impl<W: Write + Send> Shared<'_, W> {
     /// Queue responses (emptying `bufs`) and write out the queue if nobody
     /// else is writing. False once the connection has failed.
-    fn send(&self, bufs: &mut Vec<Vec<u8>>) -> bool {
+    fn send(&self, bufs: &mut Vec<OutBuf>) -> bool {
         if bufs.is_empty() {
             return !self.failed.load(Ordering::SeqCst);
         }
@@ -672,7 +708,15 @@ impl<W: Write + Send> Shared<'_, W> {
                 Outcome::Hold | Outcome::Disconnect => (Status::INTERNAL_ERROR, 0, Vec::new()),
             };
             encode_response(
-                &mut out, &cmd, status, result, data, sq_head, qid, hdgst, ddgst,
+                &mut out,
+                &cmd,
+                status,
+                result,
+                OutBuf::Bytes(data),
+                sq_head,
+                qid,
+                hdgst,
+                ddgst,
             );
         }
         // Released before the completions can reach the host: it may reuse a
@@ -707,7 +751,7 @@ struct Reader<'s, 'e, 'c, R, W> {
     ddgst: bool,
     inb: InBuf,
     /// Responses of inline commands (and R2Ts) not yet handed to the socket.
-    batch: Vec<Vec<u8>>,
+    batch: Vec<OutBuf>,
     batch_bytes: usize,
     /// Reads gathered for one worker job.
     group: Vec<Prepared>,
@@ -738,7 +782,8 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             Err(Fatal::End(e)) => e,
             Err(Fatal::Term(fes, fei, hdr)) => {
                 tracing::warn!(fes, fei, "fatal transport error: sending C2HTermReq");
-                self.batch.push(pdu::c2h_term_req(fes, fei, &hdr));
+                self.batch
+                    .push(OutBuf::Bytes(pdu::c2h_term_req(fes, fei, &hdr)));
                 self.sh.send(&mut self.batch);
                 // Nothing after the termination request.
                 self.sh.failed.store(true, Ordering::SeqCst);
@@ -941,8 +986,11 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         self.sh.hdgst.store(req.hdgst, Ordering::Relaxed);
         self.sh.ddgst.store(req.ddgst, Ordering::Relaxed);
         tracing::info!(hdgst = req.hdgst, ddgst = req.ddgst, "ICReq");
-        self.batch
-            .push(pdu::icresp(req.hdgst, req.ddgst, MAX_H2C_DATA));
+        self.batch.push(OutBuf::Bytes(pdu::icresp(
+            req.hdgst,
+            req.ddgst,
+            MAX_H2C_DATA,
+        )));
         self.send_batch()
     }
 
@@ -973,7 +1021,8 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             cid,
             status: Status::SUCCESS.to_field(),
         };
-        self.batch.push(pdu::capsule_resp(&cqe, self.hdgst));
+        self.batch
+            .push(OutBuf::Bytes(pdu::capsule_resp(&cqe, self.hdgst)));
         self.send_batch()
     }
 
@@ -1083,7 +1132,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             || lock(&self.sh.work).cids.contains(&cid)
         {
             // The CID of a command still outstanding: answer without touching it.
-            return self.respond(&cmd, Status::CID_CONFLICT, 0, Vec::new());
+            return self.respond(&cmd, Status::CID_CONFLICT, 0, OutBuf::Bytes(Vec::new()));
         }
         if !digest_ok {
             tracing::warn!(cid, "data digest error in a command capsule");
@@ -1142,7 +1191,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         );
         self.pending_bytes += len as usize;
         self.batch
-            .push(pdu::r2t(cmd.cid(), ttag, 0, len, self.hdgst));
+            .push(OutBuf::Bytes(pdu::r2t(cmd.cid(), ttag, 0, len, self.hdgst)));
         Ok(())
     }
 
@@ -1417,7 +1466,10 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         let mut done = Vec::new();
         r.finished(&mut done);
         for (cmd, out) in done {
-            self.complete(&cmd, out)?;
+            match out {
+                Ok(data) => self.respond(&cmd, Status::SUCCESS, 0, OutBuf::Read(data))?,
+                Err(out) => self.complete(&cmd, out)?,
+            }
         }
         Ok(())
     }
@@ -1497,7 +1549,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
                 // The commands still running complete first.
                 self.flush_out()?;
                 self.wait_idle()?;
-                self.respond(cmd, Status::SUCCESS, 0, Vec::new())?;
+                self.respond(cmd, Status::SUCCESS, 0, OutBuf::Bytes(Vec::new()))?;
                 self.send_batch()?;
                 Err(Fatal::End(End::Closed))
             }
@@ -1505,7 +1557,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
                 status,
                 result,
                 data,
-            } => self.respond(cmd, status, result, data),
+            } => self.respond(cmd, status, result, OutBuf::Bytes(data)),
         }
     }
 
@@ -1514,7 +1566,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         cmd: &Command,
         status: Status,
         result: u64,
-        data: Vec<u8>,
+        data: OutBuf,
     ) -> Result<(), Fatal> {
         self.batch_bytes += data.len() + 64;
         encode_response(

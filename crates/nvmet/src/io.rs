@@ -191,27 +191,28 @@ impl Prepared {
         }
     }
 
-    /// The outcome of a Read that ran elsewhere (a read queue): its data, or the status of
-    /// its error, counted for the SMART log as [`run`] counts its own. Data of another
-    /// length than the command's would break the response's framing: an internal error.
-    pub fn read_outcome(&self, r: Result<&[u8], NsError>) -> Outcome {
+    /// A Read that ran elsewhere (a read queue) finished with `len` bytes of data or an
+    /// error: None when it succeeded (counted for the SMART log as [`run`] counts its own),
+    /// else the outcome to complete it with. Data of another length than the command's would
+    /// break the response's framing: an internal error.
+    pub fn read_finished(&self, r: Result<usize, NsError>) -> Option<Outcome> {
         let Op::Read { slot, .. } = &self.op else {
-            return Outcome::status(Status::INTERNAL_ERROR);
+            return Some(Outcome::status(Status::INTERNAL_ERROR));
         };
         match r {
-            Ok(d) if d.len() == self.xfer_len as usize => {
-                slot.counters.read_done(d.len() as u64);
-                Outcome::data(d.to_vec())
+            Ok(len) if len == self.xfer_len as usize => {
+                slot.counters.read_done(len as u64);
+                None
             }
-            Ok(d) => {
+            Ok(len) => {
                 tracing::warn!(
-                    got = d.len(),
+                    got = len,
                     want = self.xfer_len,
                     "a read queue returned data of the wrong length"
                 );
-                Outcome::status(Status::INTERNAL_ERROR)
+                Some(Outcome::status(Status::INTERNAL_ERROR))
             }
-            Err(e) => Outcome::status(ns_status(e, Some(slot), true)),
+            Err(e) => Some(Outcome::status(ns_status(e, Some(slot), true))),
         }
     }
 }

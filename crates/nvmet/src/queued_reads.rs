@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::connection::Outcome;
 use crate::io::Prepared;
-use crate::namespace::{Namespace, ReadQueue};
+use crate::namespace::{Namespace, ReadData, ReadQueue};
 use crate::pdu::Command;
 
 pub(crate) struct QueuedReads {
@@ -100,8 +100,9 @@ impl QueuedReads {
         self.q.wait(socket)
     }
 
-    /// Appends each read finished so far, with its outcome, to `out`.
-    pub(crate) fn finished(&mut self, out: &mut Vec<(Command, Outcome)>) {
+    /// Appends each read finished so far to `out`: its data (counted for the SMART log), or
+    /// the outcome of its failure.
+    pub(crate) fn finished(&mut self, out: &mut Vec<(Command, Result<ReadData, Outcome>)>) {
         let QueuedReads {
             q,
             slots,
@@ -121,11 +122,14 @@ impl QueuedReads {
             };
             free.push(token as usize);
             *bytes -= p.xfer_len as usize;
-            let outcome = match &res {
-                Ok(d) => p.read_outcome(Ok((**d).as_ref())),
-                Err(e) => p.read_outcome(Err(e.clone())),
+            let r = match res {
+                Ok(d) => match p.read_finished(Ok((*d).as_ref().len())) {
+                    None => Ok(d),
+                    Some(failed) => Err(failed),
+                },
+                Err(e) => Err(p.read_finished(Err(e)).unwrap_or_else(Outcome::ok)),
             };
-            out.push((p.cmd, outcome));
+            out.push((p.cmd, r));
         }) {}
     }
 }

@@ -311,6 +311,31 @@ fn queued_reads_complete_out_of_order_on_the_queue_thread() {
 }
 
 #[test]
+fn queued_reads_carry_header_and_data_digests() {
+    let (ns, config) = setup(Rules {
+        jitter_ms: 10,
+        ..Rules::default()
+    });
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, true, true);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, true, true);
+    let data: Vec<Vec<u8>> = (0..12u64).map(|i| put(&ns, 300 + i, 500 + i)).collect();
+    let cmds: Vec<_> = (0..12u64)
+        .map(|i| (io.read_cmd(1, 300 + i, 1), Vec::new(), None))
+        .collect();
+    let cids: Vec<u16> = cmds.iter().map(|c| c.0.cid()).collect();
+    // The test host checks every PDU's digests as it reads it.
+    let order = run_burst(&mut io, cmds);
+    assert!(order.iter().all(|(_, s)| *s == Status::SUCCESS));
+    for (cid, d) in cids.iter().zip(&data) {
+        assert_eq!(io.incoming.remove(cid).as_ref(), Some(d), "cid {cid}");
+    }
+    assert!(ns.seen.most_queued.load(Ordering::SeqCst) >= 10);
+    assert_eq!(ns.seen.direct_reads.load(Ordering::SeqCst), 0);
+}
+
+#[test]
 fn queued_reads_keep_the_queue_size() {
     let (ns, config) = setup(Rules {
         jitter_ms: 5,
