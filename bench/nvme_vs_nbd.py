@@ -8,6 +8,7 @@ then for ROUNDS rounds, point by point, the two protocols take turns (NBD first 
 rounds, NVMe/TCP first in even ones):
 
   randread qd1, randread qd32, randwrite qd32   (4 KiB, random over the 1 GiB volume)
+  randread 1M qd8                               (1 MiB, aligned, random over the volume)
 
 NBD is driven by fio's nbd engine (libnbd), NVMe/TCP by `nvme-load`, the small Rust
 initiator in crates/nvmet/examples/nvme-load.rs (no kernel initiator can be loaded here).
@@ -24,7 +25,7 @@ ranges min-max; ratios NVMe/TCP over NBD taken inside each round, median (min-ma
 
 `--file-drives` serves the default pool instead (five 1 GiB drive files in a work dir under
 target/, on this machine's disk): the front-ends over the drives users have, where a read
-waits for the disk (NBD reads go through the read queue, NVMe/TCP reads through its workers).
+waits for the disk (reads of both doors go through the engine's read queue).
 
 Needs `cargo build --release -p flashpool -p flashpool-nvmet --example nvme-load` first.
 """
@@ -46,10 +47,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 1 << 30
 DRIVE_SIZE = "2G"  # 5 x 2 GiB memory drives (4+1): the 1 GiB volume, room to spare
 POINTS = [
-    # name, rw, iodepth
-    ("randread qd1", "randread", 1),
-    ("randread qd32", "randread", 32),
-    ("randwrite qd32", "randwrite", 32),
+    # name, rw, block size, iodepth
+    ("randread qd1", "randread", "4k", 1),
+    ("randread qd32", "randread", "4k", 32),
+    ("randwrite qd32", "randwrite", "4k", 32),
+    ("randread 1M qd8", "randread", "1M", 8),
 ]
 PROTOS = ["nbd", "nvme-tcp"]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -147,9 +149,9 @@ def fio_nbd(server, rw, bs, qd, runtime):
     return measure(server, args, parse_fio)
 
 
-def nvme_load(server, load, rw, qd, runtime):
+def nvme_load(server, load, rw, bs, qd, runtime):
     args = [load, "--addr", server.nvme, "--rw", rw, "--qd", str(qd), "--seconds", str(runtime),
-            "--size", str(SIZE)]
+            "--size", str(SIZE), "--bs", bs]
     return measure(server, args, parse_load)
 
 
@@ -178,12 +180,12 @@ def main():
         print(f"prefill: {r['ios']} x 1 MiB through NBD", file=sys.stderr, flush=True)
         for rnd in range(a.rounds):
             order = PROTOS if rnd % 2 == 0 else PROTOS[::-1]
-            for (pname, rw, qd) in POINTS:
+            for (pname, rw, bs, qd) in POINTS:
                 for proto in order:
                     if proto == "nbd":
-                        r = fio_nbd(srv, rw, "4k", qd, a.runtime)
+                        r = fio_nbd(srv, rw, bs, qd, a.runtime)
                     else:
-                        r = nvme_load(srv, a.load, rw, qd, a.runtime)
+                        r = nvme_load(srv, a.load, rw, bs, qd, a.runtime)
                     results[proto][pname].append(r)
                     print(f"round {rnd + 1} {proto:8} {pname:15} {r['iops']:9.0f} IOPS "
                           f"mean {r['mean_us']:7.1f} us p99 {r['p99_us']:7.1f} us "
@@ -207,7 +209,7 @@ def main():
            "| point | protocol (client) | IOPS | mean lat (us) | p99 lat (us) "
            "| server CPU us/IO | range | client CPU us/IO | other CPU % |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for (pt, _, _) in POINTS:
+    for (pt, _, _, _) in POINTS:
         for p in PROTOS:
             out.append(f"| {pt} | {names[p]} | {med(p, pt, 'iops'):,.0f} | "
                        f"{med(p, pt, 'mean_us'):.1f} | {med(p, pt, 'p99_us'):.1f} | "
@@ -216,7 +218,7 @@ def main():
     out += ["", "NVMe/TCP over NBD, inside each round: median (min-max).", "",
             "| point | IOPS | mean latency | server CPU per I/O | client CPU per I/O |",
             "|---|---:|---:|---:|---:|"]
-    for (pt, _, _) in POINTS:
+    for (pt, _, _, _) in POINTS:
         cells = []
         for k in ("iops", "mean_us", "server_us", "client_us"):
             v = [n[k] / b[k] for n, b in zip(results["nvme-tcp"][pt], results["nbd"][pt])]

@@ -2,15 +2,16 @@
 //! `flashpool serve --nvme-tcp` can be benchmarked against its NBD door on the same pool
 //! (`bench/nvme_vs_nbd.py`, issue 17) without a kernel initiator, which this machine cannot
 //! load. It is a benchmark client, not a general host: no digests, no authentication, no
-//! keep-alive, 4 KiB commands only.
+//! keep-alive.
 //!
 //! What it does: ICReq/ICResp, Fabrics Connect of the admin queue (the subsystem NQN from
 //! `--nqn`, or else the first NVM subsystem of the discovery log page), Property Set CC.EN
 //! and a wait for CSTS.RDY, Identify (controller: in-capsule data size; namespace: size and
 //! LBA format), Set Features Number of Queues, then `--queues` I/O queues, one TCP
-//! connection and one thread each, each keeping `--qd` random 4 KiB reads or writes in
-//! flight for `--seconds` (completions in any order; writes carry their data in the capsule
-//! when the controller's IOCCSZ allows 4 KiB, else they wait for R2T and send H2CData).
+//! connection and one thread each, each keeping `--qd` random reads or writes of `--bs`
+//! bytes (4 KiB unless said; aligned to their size) in flight for `--seconds` (completions in
+//! any order; writes carry their data in the capsule when the controller's IOCCSZ allows
+//! it, else they wait for R2T and send H2CData).
 //! Each queue reads every complete PDU in its socket buffer, then sends all the commands
 //! that replace the completed ones with one write.
 //!
@@ -23,7 +24,8 @@
 //! by `flashpool serve` sets both), `--nqn NQN`, `--nsid N` (default: the first active
 //! namespace), `--rw randread|randwrite`, `--qd N` (1..=MQES), `--seconds S`, `--queues N`,
 //! `--size SIZE` (bytes of the namespace to address from LBA 0, e.g. 1G; default all),
-//! `--r2t` (writes through R2T/H2CData even where in-capsule data is allowed).
+//! `--r2t` (writes through R2T/H2CData even where in-capsule data is allowed), `--bs SIZE`
+//! (bytes per I/O: a 4 KiB multiple up to 1 MiB, the target's MDTS).
 //!
 //! ```sh
 //! cargo run --release -p flashpool-nvmet --example nvme-load -- \
@@ -45,6 +47,7 @@ use common::parse_size;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Res<T> = Result<T, Error>;
 
+/// The default I/O size (`--bs`).
 const BS: usize = 4096;
 const OPC_FABRICS: u8 = 0x7F;
 const OPC_WRITE: u8 = 0x01;
@@ -65,6 +68,8 @@ struct Args {
     size: Option<u64>,
     /// Writes through R2T/H2CData even when in-capsule data would fit.
     r2t: bool,
+    /// Bytes per I/O (a 4 KiB multiple, at most 1 MiB).
+    bs: usize,
 }
 
 fn parse_args() -> Res<Args> {
@@ -78,6 +83,7 @@ fn parse_args() -> Res<Args> {
         queues: 1,
         size: None,
         r2t: false,
+        bs: BS,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -112,15 +118,19 @@ fn parse_args() -> Res<Args> {
             "--queues" => a.queues = val("--queues")?.parse().map_err(|_| "bad --queues")?,
             "--size" => a.size = Some(parse_size(&val("--size")?)?),
             "--r2t" => a.r2t = true,
+            "--bs" => a.bs = parse_size(&val("--bs")?)? as usize,
             "-h" | "--help" => {
                 println!(
                     "nvme-load --addr HOST:PORT|nvme-tcp://HOST:PORT/NQN [--nqn NQN] [--nsid N] \
-                     [--rw randread|randwrite] [--qd N] [--seconds S] [--queues N] [--size SIZE] [--r2t]"
+                     [--rw randread|randwrite] [--qd N] [--seconds S] [--queues N] [--size SIZE] [--r2t] [--bs SIZE]"
                 );
                 std::process::exit(0);
             }
             o => return Err(format!("unknown argument '{o}' (--help)").into()),
         }
+    }
+    if a.bs == 0 || !a.bs.is_multiple_of(BS) || a.bs > 1 << 20 {
+        return Err("--bs must be a multiple of 4 KiB, at most 1 MiB".into());
     }
     if a.qd == 0 || a.queues == 0 || a.queues > 64 {
         return Err("--qd must be at least 1 and --queues 1..=64".into());
@@ -476,7 +486,8 @@ struct Job {
     nsid: u32,
     write: bool,
     qd: u16,
-    /// Logical blocks per 4 KiB and 4 KiB units addressed.
+    /// Bytes per I/O, logical blocks per I/O and I/O-sized units addressed.
+    bs: usize,
     lbas_per_io: u64,
     units: u64,
     in_capsule: bool,
@@ -510,11 +521,11 @@ fn submit(job: &Job, rng: &mut Rng, slot: &mut Slot, cid: u16, counter: u64, tx:
     cmd.set_cdw(12, (job.lbas_per_io - 1) as u32);
     let in_capsule = job.write && job.in_capsule;
     if in_capsule {
-        cmd.set_sgl(0, BS as u32, pdu::SGL_IN_CAPSULE);
+        cmd.set_sgl(0, job.bs as u32, pdu::SGL_IN_CAPSULE);
     } else {
-        cmd.set_sgl(0, BS as u32, pdu::SGL_TRANSPORT);
+        cmd.set_sgl(0, job.bs as u32, pdu::SGL_TRANSPORT);
     }
-    let data_len = if in_capsule { BS } else { 0 };
+    let data_len = if in_capsule { job.bs } else { 0 };
     let start = tx.len();
     tx.resize(start + pdu::CMD_HLEN, 0);
     CommonHeader {
@@ -546,7 +557,7 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
     let now = Instant::now();
     let mut slots: Vec<Slot> = (0..job.qd)
         .map(|_| {
-            let mut data = vec![0u8; if job.write { BS } else { 0 }];
+            let mut data = vec![0u8; if job.write { job.bs } else { 0 }];
             rng.fill(&mut data);
             Slot {
                 busy: false,
@@ -559,6 +570,7 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
         .collect();
     let mut lat_ns = Vec::with_capacity(1 << 20);
     let mut tx = Vec::with_capacity(job.qd as usize * (pdu::CMD_HLEN + BS));
+    let bs = job.bs;
     let mut counter = 0u64;
     for (cid, s) in slots.iter_mut().enumerate() {
         submit(&job, &mut rng, s, cid as u16, counter, &mut tx);
@@ -606,9 +618,9 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
                         )
                         .into());
                     }
-                    if !job.write && slot.got != BS {
+                    if !job.write && slot.got != bs {
                         return Err(format!(
-                            "Read (CID {cid}) completed with {} of {BS} data bytes",
+                            "Read (CID {cid}) completed with {} of {bs} data bytes",
                             slot.got
                         )
                         .into());
@@ -619,7 +631,7 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
                     let off = le32(p, 12) as usize;
                     let len = le32(p, 16) as usize;
                     let pdo = ch.pdo as usize;
-                    if off != slot.got || pdo < 24 || pdo + len != p.len() || off + len > BS {
+                    if off != slot.got || pdo < 24 || pdo + len != p.len() || off + len > bs {
                         return Err(format!(
                             "bad C2HData for CID {cid}: offset {off}, length {len}, PDO {pdo}"
                         )
@@ -627,7 +639,7 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
                     }
                     slot.got += len;
                     if ch.flags & pdu::FLAG_SUCCESS != 0 {
-                        if slot.got != BS {
+                        if slot.got != bs {
                             return Err(
                                 format!("C2HData SUCCESS for CID {cid} before all data").into()
                             );
@@ -639,9 +651,9 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
                     let ttag = le16(p, 10);
                     let off = le32(p, 12) as usize;
                     let len = le32(p, 16) as usize;
-                    if off + len > BS || len == 0 {
+                    if off + len > bs || len == 0 {
                         return Err(format!(
-                            "R2T for CID {cid} asks bytes {off}..{} of {BS}",
+                            "R2T for CID {cid} asks bytes {off}..{} of {bs}",
                             off + len
                         )
                         .into());
@@ -662,7 +674,7 @@ fn run_queue(mut c: Conn, job: Job, deadline: Instant) -> Res<QueueResult> {
                         tx.extend_from_slice(&slot.data[pos..pos + n]);
                         pos += n;
                     }
-                    if off + len == BS {
+                    if off + len == bs {
                         slot.wants_r2t = false;
                     }
                 }
@@ -716,7 +728,7 @@ fn run() -> Res<()> {
     }
     let (_, idc) = admin.admin("Identify Controller", 0x06, 0, 1, 0, 4096)?;
     let ioccsz = le32(&idc, 1792) as usize;
-    let in_capsule = ioccsz * 16 >= 64 + BS && !a.r2t;
+    let in_capsule = ioccsz * 16 >= 64 + a.bs && !a.r2t;
     let nsid = match a.nsid {
         Some(n) => n,
         None => {
@@ -737,13 +749,13 @@ fn run() -> Res<()> {
         )
         .into());
     }
-    let lbas_per_io = (BS as u64) >> lbads;
+    let lbas_per_io = (a.bs as u64) >> lbads;
     let mut units = nsze / lbas_per_io;
     if let Some(s) = a.size {
-        units = units.min(s / BS as u64);
+        units = units.min(s / a.bs as u64);
     }
     if units == 0 {
-        return Err("--size leaves no 4 KiB block to address".into());
+        return Err("--size leaves no I/O-sized block to address".into());
     }
     let nq = a.queues as u32;
     let (granted, _) = admin.admin(
@@ -781,6 +793,7 @@ fn run() -> Res<()> {
                 nsid,
                 write: a.write,
                 qd: a.qd,
+                bs: a.bs,
                 lbas_per_io,
                 units,
                 in_capsule,
@@ -811,11 +824,12 @@ fn run() -> Res<()> {
         .copied()
         .unwrap_or(0);
     println!(
-        "nvme-load rw={} qd={} queues={} bs={BS} in_capsule={} seconds={secs:.3} ios={ios} \
+        "nvme-load rw={} qd={} queues={} bs={} in_capsule={} seconds={secs:.3} ios={ios} \
          iops={:.0} mean_us={:.1} p99_us={:.1}",
         if a.write { "randwrite" } else { "randread" },
         a.qd,
         a.queues,
+        a.bs,
         (a.write && in_capsule) as u8,
         ios as f64 / secs.max(1e-9),
         mean / 1000.0,
