@@ -54,8 +54,8 @@ const OPC_WRITE: u8 = 0x01;
 const OPC_READ: u8 = 0x02;
 /// Longest wait for any PDU from the target before giving up.
 const PDU_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest PDU accepted from the target (4 KiB commands; admin data of a few KiB).
-const MAX_PDU: usize = 1 << 20;
+/// Largest PDU accepted from the target: a C2HData of a whole 1 MiB read and its header.
+const MAX_PDU: usize = (1 << 20) + 256;
 
 struct Args {
     addr: String,
