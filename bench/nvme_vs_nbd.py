@@ -3,12 +3,12 @@
 
 One `flashpool serve --memory` (memory drives, so the front-ends are measured, not a disk)
 exports its `default` volume over both doors at once: NBD (`--listen`, TCP on 127.0.0.1) and
-NVMe/TCP (`--nvme-tcp`, 127.0.0.1). The volume is prefilled through NBD (fio, 1 MiB writes),
-then for ROUNDS rounds, point by point, the two protocols take turns (NBD first in odd
-rounds, NVMe/TCP first in even ones):
+NVMe/TCP (`--nvme-tcp`, 127.0.0.1). For ROUNDS rounds the volume is filled through NBD (fio,
+1 MiB sequential writes, so 1 MiB reads find their data contiguous), then, point by point,
+the two protocols take turns (NBD first in odd rounds, NVMe/TCP first in even ones):
 
-  randread qd1, randread qd32, randwrite qd32   (4 KiB, random over the 1 GiB volume)
   randread 1M qd8                               (1 MiB, aligned, random over the volume)
+  randread qd1, randread qd32, randwrite qd32   (4 KiB, random over the 1 GiB volume)
 
 NBD is driven by fio's nbd engine (libnbd), NVMe/TCP by `nvme-load`, the small Rust
 initiator in crates/nvmet/examples/nvme-load.rs (no kernel initiator can be loaded here).
@@ -48,10 +48,10 @@ SIZE = 1 << 30
 DRIVE_SIZE = "2G"  # 5 x 2 GiB memory drives (4+1): the 1 GiB volume, room to spare
 POINTS = [
     # name, rw, block size, iodepth
+    ("randread 1M qd8", "randread", "1M", 8),
     ("randread qd1", "randread", "4k", 1),
     ("randread qd32", "randread", "4k", 32),
     ("randwrite qd32", "randwrite", "4k", 32),
-    ("randread 1M qd8", "randread", "1M", 8),
 ]
 PROTOS = ["nbd", "nvme-tcp"]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -176,9 +176,9 @@ def main():
         print(f"serving {srv.nbd} and {srv.nvme}; resting 10 s (drives prefaulted or allocated)",
               file=sys.stderr, flush=True)
         time.sleep(10)
-        r = fio_nbd(srv, "write", "1M", 8, 0)
-        print(f"prefill: {r['ios']} x 1 MiB through NBD", file=sys.stderr, flush=True)
         for rnd in range(a.rounds):
+            r = fio_nbd(srv, "write", "1M", 8, 0)
+            print(f"fill: {r['ios']} x 1 MiB through NBD", file=sys.stderr, flush=True)
             order = PROTOS if rnd % 2 == 0 else PROTOS[::-1]
             for (pname, rw, bs, qd) in POINTS:
                 for proto in order:
