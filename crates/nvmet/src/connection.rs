@@ -1401,12 +1401,13 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
                 .queued
                 .as_ref()
                 .map_or((0, 0), |r| (r.in_progress(), r.bytes()));
-            let mut w = lock(&self.sh.work);
-            let (on, ob) = (w.outstanding + qn, w.bytes + qb);
+            let (on, ob) = {
+                let w = lock(&self.sh.work);
+                (w.outstanding + qn, w.bytes + qb)
+            };
             if on == 0 || (on + n <= limit && ob + bytes <= MAX_JOB_BYTES) {
                 return Ok(());
             }
-            drop(w);
             if !sent {
                 self.send_batch()?;
                 sent = true;
@@ -1414,25 +1415,32 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             }
             if qn > 0 {
                 self.await_queued()?;
-                continue;
-            }
-            w = lock(&self.sh.work);
-            if w.outstanding == 0 {
-                continue;
-            }
-            w.reader_waits = true;
-            w = self
-                .sh
-                .done_cv
-                .wait_timeout(w, POLL_INTERVAL)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            w.reader_waits = false;
-            drop(w);
-            if !self.alive() {
-                return Err(Fatal::End(End::TimedOut));
+            } else {
+                self.await_worker()?;
             }
         }
+    }
+
+    /// Waits for a worker to finish a job (at most [`POLL_INTERVAL`], then checks that the
+    /// queue should live on); returns at once when none is on the workers.
+    fn await_worker(&self) -> Result<(), Fatal> {
+        let mut w = lock(&self.sh.work);
+        if w.outstanding == 0 {
+            return Ok(());
+        }
+        w.reader_waits = true;
+        w = self
+            .sh
+            .done_cv
+            .wait_timeout(w, POLL_INTERVAL)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        w.reader_waits = false;
+        drop(w);
+        if !self.alive() {
+            return Err(Fatal::End(End::TimedOut));
+        }
+        Ok(())
     }
 
     /// Whether reads of `ns` go on a read queue: the queue's own, or one `ns` offers now
@@ -1501,19 +1509,8 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         while self.queued.as_ref().is_some_and(|r| r.in_progress() > 0) {
             self.await_queued()?;
         }
-        let mut w = lock(&self.sh.work);
-        while w.outstanding > 0 {
-            w.reader_waits = true;
-            w = self
-                .sh
-                .done_cv
-                .wait_timeout(w, POLL_INTERVAL)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            w.reader_waits = false;
-            if !self.alive() {
-                return Err(Fatal::End(End::TimedOut));
-            }
+        while lock(&self.sh.work).outstanding > 0 {
+            self.await_worker()?;
         }
         Ok(())
     }
