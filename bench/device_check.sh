@@ -4,13 +4,17 @@
 # target: connections on reactor threads against a thread each), reads in flight at the disk
 # (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers and the bytes the disk has
 # in flight under them (bench/stripe_writers.sh), 16 connections on reactors against a thread
-# each (bench/many_connections.sh), and one checkpoint's timing from the server's debug log (how long writers were held, how
-# long the flush took). About 8 minutes; each part's output goes to OUTDIR as it finishes, so
-# a run cut short still returns what it measured.
+# each (bench/many_connections.sh), one checkpoint's timing from the server's debug log (how
+# long writers were held, how long the flush took), and last, when NVME_LOAD names the
+# nvme-load example, one round of NVMe/TCP against NBD on the file-drive pool
+# (bench/nvme_vs_nbd.py). About 9 minutes; each part's output goes to OUTDIR as it finishes,
+# so a run cut short still returns what it measured.
 #
-# Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz
+# Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz target/release/flashpool \
+#               target/release/examples/nvme-load
 # There:      tar xJf .devbench/bundle.tar.xz -C /tmp/b && PATH=/tmp/b/bin:$PATH \
-#               FLASHPOOL=/tmp/b/bin/flashpool bash bench/device_check.sh "$OUT"
+#               FLASHPOOL=/tmp/b/bin/flashpool NVME_LOAD=/tmp/b/bin/nvme-load \
+#               bash bench/device_check.sh "$OUT"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: bench/device_check.sh OUTDIR}
@@ -61,3 +65,9 @@ print("1 MiB writes over 3 GiB: %.0f MiB/s, p99 %.1f ms, p99.9 %.1f ms" % (
     j["bw"] / 1024, p["99.000000"] / 1e6, p["99.900000"] / 1e6))
 PY
 sed 's/\x1b\[[0-9;]*m//g' "$pool/log" | grep "checkpoint written" | tee -a "$out/checkpoint.txt"
+
+# NVMe/TCP against NBD on the file-drive pool: server CPU per read through each door.
+if [ -n "${NVME_LOAD:-}" ] && [ -x "$NVME_LOAD" ]; then
+    python3 "$root/bench/nvme_vs_nbd.py" --runtime 4 --rounds 1 --file-drives \
+        --flashpool "$fp" --load "$NVME_LOAD" 2>&1 | tee "$out/nvme_vs_nbd.txt" || true
+fi
