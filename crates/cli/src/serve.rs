@@ -24,7 +24,7 @@ pub struct ServeArgs {
     /// TCP address to listen on.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: String,
-    /// Also serve every volume over NVMe/TCP on HOST[:PORT] (port 4420 when none): one
+    /// Also serve every volume over NVMe/TCP on `HOST[:PORT]` (port 4420 when none): one
     /// subsystem per pool, one namespace per volume.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub nvme_tcp: Option<String>,

@@ -353,7 +353,7 @@ pub(crate) type KeptRecords = Vec<(u64, Record)>;
 pub const MAX_WIDTH: usize = 16;
 
 /// Most stripe buffers in memory at once: the bound on data accepted but not yet written.
-/// With stripe writers, [`BUFFERS_PER_STRIPE_WRITER`] more per writer.
+/// With stripe writers, `BUFFERS_PER_STRIPE_WRITER` more per writer.
 pub const MAX_STRIPE_BUFFERS: u64 = 8;
 /// Stripe buffers added per stripe writer: one it writes and one queued for it, so the
 /// writers keep the drives busy while appenders fill the rest (a disk takes its full write

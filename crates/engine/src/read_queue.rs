@@ -2,12 +2,12 @@
 //! reactor (a thread that owns its connections and one io_uring, and never blocks on a
 //! device while it has other work).
 //!
-//! [`ReadQueue::start`] looks the blocks up in the map ([`Inner::plan_ranges`]), puts one
+//! [`ReadQueue::start`] looks the blocks up in the map (`Inner::plan_ranges`), puts one
 //! io_uring read per run of blocks that lie one after another on a drive into the queue's
 //! ring, and returns at once. [`ReadQueue::wait`] sleeps until some read completed or a file
 //! descriptor the caller names (its socket) is readable, whichever comes first, in one
 //! `io_uring_enter`. A read whose drive reads have all completed is checked the way every
-//! read is ([`Inner::finish_ranges`]: the map entry unchanged, the CRC tag matching; anything
+//! read is (`Inner::finish_ranges`: the map entry unchanged, the CRC tag matching; anything
 //! else read again the one-block way, which retries and reconstructs) and is handed out by
 //! [`ReadQueue::take`], in the order reads complete, not the order they started.
 //!

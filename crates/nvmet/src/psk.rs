@@ -10,7 +10,7 @@
 //! - retained PSK = HKDF-Expand-Label(HKDF-Extract(0, configured), "HostNQN", hostnqn, L),
 //!   or the configured key itself when the key's hash field is `00`;
 //! - identity v0 = `NVMe0RHH <hostnqn> <subnqn>`; v1 = `NVMe1RHH <hostnqn> <subnqn> <digest>`
-//!   with digest = base64(HMAC-H(retained, "<hostnqn> <subnqn> NVMe-over-Fabrics"));
+//!   with digest = `base64(HMAC-H(retained, "<hostnqn> <subnqn> NVMe-over-Fabrics"))`;
 //! - TLS PSK = HKDF-Expand-Label(HKDF-Extract(0, retained), "nvme-tls-psk", context, L), the
 //!   context being the whole identity (v0) or `HH <digest>` (v1).
 //!

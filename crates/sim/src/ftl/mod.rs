@@ -232,7 +232,7 @@ impl Ftl {
         self.free[plane as usize].len() as u32
     }
 
-    /// Starts loading the mapping entry of `lpa` into the cache (a hint, see [`prefetch`]).
+    /// Starts loading the mapping entry of `lpa` into the cache (a hint, see `prefetch`).
     #[inline]
     pub fn prefetch_lpa(&self, lpa: u32) {
         if let Some(x) = self.l2p.get(lpa as usize) {
