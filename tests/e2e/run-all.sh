@@ -52,6 +52,7 @@ CHECKS=(
     "sim-drives:check-sim-drives.sh"
     "stdio-and-activation:check-spawn.sh"
     "drive-loss-and-add:check-drives.sh"
+    "nvme-reads-through-drive-loss:check-nvme-drive-loss.sh"
     "members-loop-devices:check-members.sh"
     "faults-under-load:check-faults.sh"
     "fault-matrix:check-fault-matrix.sh"
