@@ -130,6 +130,9 @@ impl flashpool_nvmet::ReadQueue for VolumeReads {
     fn outstanding(&self) -> usize {
         flashpool_nbd::ReadQueue::outstanding(self)
     }
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        flashpool_nbd::ReadQueue::ready_fd(self)
+    }
 }
 
 /// The subsystem NQN of a pool.
@@ -280,8 +283,15 @@ mod tests {
             .collect();
         let pool = pool_of(drives);
         let (_, ns) = namespace_of(&pool, "v").unwrap();
-        let data: Vec<u8> = (0..64 * 4096u32)
-            .map(|i| (i * 7 + i / 4096) as u8)
+        // Incompressible (compressed blocks are read inside `start`, not through the ring).
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let data: Vec<u8> = (0..64 * 4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
             .collect();
         ns.write(16, &data, false).unwrap();
         ns.flush().unwrap();
@@ -291,6 +301,21 @@ mod tests {
             return;
         };
         q.start(1, 16, data.len());
+        q.submit();
+        // Its descriptor polls readable once the read is in (what a queue thread waiting on
+        // several namespaces' queues relies on).
+        let fd = q.ready_fd().expect("an io_uring's descriptor");
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack; the queue's ring is open.
+        assert_eq!(
+            unsafe { libc::poll(&mut pfd, 1, 10_000) },
+            1,
+            "ring readable"
+        );
         q.start(2, 20, 3 * 4096);
         q.start(3, 1000, 4096);
         let got = drain(q.as_mut());

@@ -13,11 +13,11 @@
 //!   `write_may_block`, `flush_may_block`), run inline on the reader; their
 //!   responses are collected and leave together when no complete PDU is left in
 //!   the read buffer (before the reader waits for the host).
-//! - Reads that may wait for a device go on the namespace's read queue when it
-//!   offers one ([`crate::Namespace::read_queue`]) and the transport is a
-//!   descriptor: the reader starts them, keeps parsing, and answers each when
-//!   its data is in; with nothing to parse it waits for a read or the host at
-//!   once (`queued_reads.rs`). A host at queue depth 1 (the read is the only
+//! - Reads that may wait for a device go on their namespace's read queue when
+//!   it offers one ([`crate::Namespace::read_queue`]; a queue per namespace)
+//!   and the transport is a descriptor: the reader starts them, keeps parsing,
+//!   and answers each when its data is in; with nothing to parse it waits for a
+//!   read or the host at once (`queued_reads.rs`). A host at queue depth 1 (the read is the only
 //!   command in progress) is read inline instead: waiting on a queue would only
 //!   add a system call.
 //! - Other I/O commands that may wait for a device run on the queue's worker
@@ -60,7 +60,8 @@ use crate::fabrics::OPC_FABRICS;
 use crate::io::Prepared;
 use crate::namespace::{Namespace, ReadData};
 use crate::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
-use crate::queued_reads::QueuedReads;
+use crate::queued_reads::ReadQueues;
+pub use crate::queued_reads::MAX_READ_QUEUES;
 use crate::status::Status;
 
 /// Most bytes of R2T write buffers one connection holds; writes beyond it
@@ -425,8 +426,7 @@ fn serve_queue<R: Read, W: Write + Send>(
             held: HashSet::new(),
             next_ttag: 0,
             socket,
-            queued: None,
-            queue_asked: false,
+            queued: ReadQueues::default(),
         };
         let end = r.run();
         r.finish(&end);
@@ -766,10 +766,8 @@ struct Reader<'s, 'e, 'c, R, W> {
     /// The descriptor `stream` reads, when it is one (a socket, or the plain end of a TLS
     /// pump): needed to wait on it and a read queue at once.
     socket: Option<RawFd>,
-    /// Reads in progress on a namespace's read queue.
-    queued: Option<QueuedReads>,
-    /// Whether a namespace was asked for its read queue (once per queue).
-    queue_asked: bool,
+    /// Reads in progress on the namespaces' read queues.
+    queued: ReadQueues,
 }
 
 impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
@@ -840,9 +838,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     /// Before waiting for the host: start the reads gathered and send the
     /// responses collected.
     fn flush_out(&mut self) -> Result<(), Fatal> {
-        if let Some(r) = &mut self.queued {
-            r.submit();
-        }
+        self.queued.submit();
         self.collect_queued()?;
         if !self.group.is_empty() {
             let g = std::mem::take(&mut self.group);
@@ -884,11 +880,14 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         self.flush_out()?;
         // While reads are on the read queue: wait for one of them or for the host, and
         // answer the reads that finish, until the host has sent something.
-        while let (Some(r), Some(fd)) = (&mut self.queued, self.socket) {
-            if r.in_progress() == 0 {
+        while let Some(fd) = self.socket {
+            if self.queued.in_progress() == 0 {
                 break;
             }
-            let maybe_readable = r.wait(Some(fd)).map_err(|e| Fatal::End(End::Io(e)))?;
+            let maybe_readable = self
+                .queued
+                .wait(Some(fd))
+                .map_err(|e| Fatal::End(End::Io(e)))?;
             self.collect_queued()?;
             self.send_batch()?;
             if maybe_readable && readable_now(fd) {
@@ -1128,7 +1127,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             || self.pending.values().any(|p| p.cmd.cid() == cid)
             || self.waiting.iter().any(|w| w.cid() == cid)
             || self.group.iter().any(|p| p.cmd.cid() == cid)
-            || self.queued.as_ref().is_some_and(|r| r.has_cid(cid))
+            || self.queued.has_cid(cid)
             || lock(&self.sh.work).cids.contains(&cid)
         {
             // The CID of a command still outstanding: answer without touching it.
@@ -1312,14 +1311,14 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             && self.batch.is_empty()
             && self.group.is_empty()
             && self.pending.is_empty()
-            && self.queued.as_ref().is_none_or(|r| r.in_progress() == 0)
+            && self.queued.in_progress() == 0
             && lock(&self.sh.work).outstanding == 0;
         if alone {
             let out = crate::io::run(&p, &[]);
             return self.complete(&p.cmd, out);
         }
-        if self.read_queue_for(&ns) {
-            return self.start_queued(p);
+        if let Some(q) = self.read_queue_for(&ns) {
+            return self.start_queued(q, p);
         }
         if self
             .group
@@ -1397,10 +1396,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         let limit = self.q.sqsize as usize + 1;
         let mut sent = false;
         loop {
-            let (qn, qb) = self
-                .queued
-                .as_ref()
-                .map_or((0, 0), |r| (r.in_progress(), r.bytes()));
+            let (qn, qb) = (self.queued.in_progress(), self.queued.bytes());
             let (on, ob) = {
                 let w = lock(&self.sh.work);
                 (w.outstanding + qn, w.bytes + qb)
@@ -1443,36 +1439,24 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         Ok(())
     }
 
-    /// Whether reads of `ns` go on a read queue: the queue's own, or one `ns` offers now
-    /// (asked once per queue, and only where the thread can wait on its socket).
-    fn read_queue_for(&mut self, ns: &Arc<dyn Namespace>) -> bool {
-        if let Some(r) = &self.queued {
-            return r.serves(ns);
-        }
-        if self.queue_asked || self.socket.is_none() {
-            return false;
-        }
-        self.queue_asked = true;
-        self.queued = ns.read_queue().map(|q| QueuedReads::new(ns.clone(), q));
-        self.queued.is_some()
+    /// The read queue for reads of `ns`, if it has one (asked once per queue, and only where
+    /// the thread can wait on its socket).
+    fn read_queue_for(&mut self, ns: &Arc<dyn Namespace>) -> Option<usize> {
+        self.socket?;
+        self.queued.queue_for(ns)
     }
 
-    /// Starts Read `p` on the read queue, once it fits the queue's bounds.
-    fn start_queued(&mut self, p: Prepared) -> Result<(), Fatal> {
+    /// Starts Read `p` on read queue `q`, once it fits the queue's bounds.
+    fn start_queued(&mut self, q: usize, p: Prepared) -> Result<(), Fatal> {
         self.make_room(1, p.xfer_len as usize)?;
-        if let Some(r) = &mut self.queued {
-            r.start(p);
-        }
+        self.queued.start(q, p);
         Ok(())
     }
 
-    /// Answers the read queue's reads finished so far.
+    /// Answers the reads finished so far on the read queues.
     fn collect_queued(&mut self) -> Result<(), Fatal> {
-        let Some(r) = &mut self.queued else {
-            return Ok(());
-        };
         let mut done = Vec::new();
-        r.finished(&mut done);
+        self.queued.finished(&mut done);
         for (cmd, out) in done {
             match out {
                 Ok(data) => self.respond(&cmd, Status::SUCCESS, 0, OutBuf::Read(data))?,
@@ -1482,15 +1466,16 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         Ok(())
     }
 
-    /// Sends the responses collected, waits for a read on the read queue to
-    /// finish, and answers those finished.
+    /// Answers the reads on the read queues that finished; if none had, sends the
+    /// responses collected, waits for one to finish, and answers those finished.
     fn await_queued(&mut self) -> Result<(), Fatal> {
-        self.send_batch()?;
-        if let Some(r) = &mut self.queued {
-            r.submit();
-            r.wait(None).map_err(|e| Fatal::End(End::Io(e)))?;
-        }
+        let before = self.queued.in_progress();
         self.collect_queued()?;
+        if self.queued.in_progress() == before {
+            self.send_batch()?;
+            self.queued.wait(None).map_err(|e| Fatal::End(End::Io(e)))?;
+            self.collect_queued()?;
+        }
         self.send_batch()
     }
 
@@ -1506,7 +1491,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
 
     /// Wait until no command is on a worker (or the connection must end).
     fn wait_idle(&mut self) -> Result<(), Fatal> {
-        while self.queued.as_ref().is_some_and(|r| r.in_progress() > 0) {
+        while self.queued.in_progress() > 0 {
             self.await_queued()?;
         }
         while lock(&self.sh.work).outstanding > 0 {

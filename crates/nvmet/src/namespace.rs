@@ -120,6 +120,12 @@ pub trait ReadQueue: Send {
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool;
     /// Reads started and not yet taken.
     fn outstanding(&self) -> usize;
+    /// A descriptor that polls readable while a finished read waits to be collected (an
+    /// io_uring's), for a thread waiting on several queues and its socket at once. None (the
+    /// default): such a thread polls this queue every millisecond instead.
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// Check that `count` blocks from `lba` lie inside a namespace of `blocks` blocks.

@@ -46,6 +46,9 @@ struct Rules {
     /// Every other wait with reads pending says the socket may be readable when it is not
     /// (as a poll that fired for bytes a read already took).
     spurious: bool,
+    /// The queue offers a descriptor that polls readable while a read is due (a timerfd),
+    /// as the engine's io_uring queue does.
+    ready_fd: bool,
 }
 
 /// What the namespace and its queues saw.
@@ -55,6 +58,9 @@ struct Seen {
     direct_reads: AtomicUsize,
     /// Most reads on one queue at once.
     most_queued: AtomicUsize,
+    /// Reads on this `Seen`'s queues now, and the most at once (namespaces may share one).
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
     queues: AtomicUsize,
     queues_dropped: AtomicUsize,
 }
@@ -108,6 +114,19 @@ impl Namespace for QueuedNs {
     }
     fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
         self.seen.queues.fetch_add(1, Ordering::SeqCst);
+        let timer = if self.rules.ready_fd {
+            // SAFETY: plain system call; the descriptor is owned by the queue and closed on drop.
+            let fd = unsafe {
+                libc::timerfd_create(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+                )
+            };
+            assert!(fd >= 0, "timerfd_create");
+            Some(fd)
+        } else {
+            None
+        };
         Some(Box::new(DelayQueue {
             disk: self.disk.clone(),
             rules: self.rules,
@@ -115,6 +134,7 @@ impl Namespace for QueuedNs {
             pending: Vec::new(),
             ready: Vec::new(),
             waits: 0,
+            timer,
         }))
     }
 }
@@ -127,6 +147,8 @@ struct DelayQueue {
     pending: Vec<(Instant, u64, u64, usize)>,
     ready: Vec<(u64, u64, usize)>,
     waits: u64,
+    /// A timerfd armed for the next read due (or at once while one is ready).
+    timer: Option<RawFd>,
 }
 
 impl DelayQueue {
@@ -144,7 +166,52 @@ impl DelayQueue {
 
 impl Drop for DelayQueue {
     fn drop(&mut self) {
+        if let Some(fd) = self.timer {
+            // SAFETY: our own timerfd, closed once.
+            unsafe { libc::close(fd) };
+        }
         self.seen.queues_dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl DelayQueue {
+    /// Arms the timerfd for the next read due, at once while one is ready to take, or not
+    /// at all; an expiry it reported is cleared first.
+    fn rearm(&mut self) {
+        let Some(fd) = self.timer else {
+            return;
+        };
+        let mut buf = [0u8; 8];
+        // SAFETY: a nonblocking read of 8 bytes into our buffer (it clears the expiry count).
+        unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
+        let now = Instant::now();
+        let next = if self.ready.is_empty() {
+            self.pending
+                .iter()
+                .map(|p| p.0.saturating_duration_since(now))
+                .min()
+        } else {
+            Some(Duration::ZERO)
+        };
+        let when = next.map(|d| d.max(Duration::from_nanos(1)));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: match when {
+                Some(d) => libc::timespec {
+                    tv_sec: d.as_secs() as libc::time_t,
+                    tv_nsec: d.subsec_nanos() as libc::c_long,
+                },
+                None => libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+            },
+        };
+        // SAFETY: our own timerfd and a spec on our stack.
+        unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) };
     }
 }
 
@@ -155,6 +222,9 @@ impl ReadQueue for DelayQueue {
         self.seen
             .most_queued
             .fetch_max(self.outstanding(), Ordering::SeqCst);
+        let now = self.seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        self.rearm();
     }
     fn submit(&mut self) {}
     fn poll(&mut self) {
@@ -164,6 +234,7 @@ impl ReadQueue for DelayQueue {
             let (_, t, l, n) = self.pending.remove(0);
             self.ready.push((t, l, n));
         }
+        self.rearm();
     }
     fn wait(&mut self, fd: Option<RawFd>) -> std::io::Result<bool> {
         self.poll();
@@ -197,6 +268,8 @@ impl ReadQueue for DelayQueue {
             return false;
         }
         let (token, lba, len) = self.ready.remove(0);
+        self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.rearm();
         if self.rules.fail_at == Some(lba) {
             f(token, Err(NsError::Media("injected read error".into())));
         } else {
@@ -214,6 +287,9 @@ impl ReadQueue for DelayQueue {
     }
     fn outstanding(&self) -> usize {
         self.pending.len() + self.ready.len()
+    }
+    fn ready_fd(&self) -> Option<RawFd> {
+        self.timer
     }
 }
 
@@ -333,6 +409,187 @@ fn queued_reads_carry_header_and_data_digests() {
     }
     assert!(ns.seen.most_queued.load(Ordering::SeqCst) >= 10);
     assert_eq!(ns.seen.direct_reads.load(Ordering::SeqCst), 0);
+}
+
+/// Namespaces 1..=n, each with its own rules, all counting into one `Seen`.
+fn setup_many(rules: &[Rules]) -> (Vec<Arc<QueuedNs>>, Arc<Seen>, TargetConfig) {
+    let seen = Arc::new(Seen::default());
+    let s = Subsystem::new(NQN, "test-serial");
+    let nss: Vec<Arc<QueuedNs>> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let ns = Arc::new(QueuedNs {
+                disk: Arc::new(MemNamespace::new(NS_BYTES, BS as u32, [0x60 + i as u8; 16])),
+                rules: *r,
+                seen: seen.clone(),
+            });
+            s.add_namespace(i as u32 + 1, ns.clone());
+            ns
+        })
+        .collect();
+    let config = TargetConfig {
+        subsystems: vec![s],
+        traddr: String::new(),
+        trsvcid: String::new(),
+        tls: None,
+    };
+    (nss, seen, config)
+}
+
+#[test]
+fn reads_of_several_namespaces_each_go_on_their_own_queue() {
+    // With descriptors to wait on (as the engine's queues have) and without (polled).
+    for ready_fd in [true, false] {
+        let slow = Rules {
+            slow_below: 16,
+            slow: Duration::from_millis(400),
+            jitter_ms: 5,
+            ready_fd,
+            ..Rules::default()
+        };
+        let fast = Rules {
+            jitter_ms: 10,
+            ready_fd,
+            ..Rules::default()
+        };
+        let (nss, seen, config) = setup_many(&[slow, fast]);
+        let srv = TestServer::with(config);
+        let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+        a.set_queues(1);
+        let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+        let slow_data = put(&nss[0], 4, 1);
+        let slow_cmd = io.read_cmd(1, 4, 1);
+        let slow_cid = slow_cmd.cid();
+        let mut cmds = vec![(slow_cmd, Vec::new(), None)];
+        let mut want = Vec::new();
+        for i in 0..24u64 {
+            let ns = (i % 2) as usize;
+            let lba = 1000 + i;
+            let d = put(&nss[ns], lba, 700 + i);
+            let c = io.read_cmd(ns as u32 + 1, lba, 1);
+            want.push((c.cid(), d));
+            cmds.push((c, Vec::new(), None));
+        }
+        let t0 = Instant::now();
+        let order = run_burst(&mut io, cmds);
+        let took = t0.elapsed();
+        assert!(
+            order.iter().all(|(_, s)| *s == Status::SUCCESS),
+            "{order:?}"
+        );
+        assert_eq!(order.last().map(|o| o.0), Some(slow_cid), "{order:?}");
+        assert_eq!(io.incoming.remove(&slow_cid), Some(slow_data));
+        for (cid, d) in want {
+            assert_eq!(io.incoming.remove(&cid), Some(d), "cid {cid}");
+        }
+        assert_eq!(
+            seen.queues.load(Ordering::SeqCst),
+            2,
+            "a queue per namespace"
+        );
+        assert_eq!(
+            seen.direct_reads.load(Ordering::SeqCst),
+            0,
+            "none to a worker"
+        );
+        assert!(seen.most_in_flight.load(Ordering::SeqCst) >= 20);
+        assert!(
+            took < Duration::from_millis(1500),
+            "ready_fd {ready_fd}: {took:?}"
+        );
+        // Ten bursts of fast reads on both: a wait that missed a queue's readiness would
+        // sleep its safety interval (100 ms) in every one.
+        let t0 = Instant::now();
+        for round in 0..10u64 {
+            let cmds: Vec<_> = (0..8u64)
+                .map(|i| (io.read_cmd(i as u32 % 2 + 1, 1000 + i, 1), Vec::new(), None))
+                .collect();
+            let order = run_burst(&mut io, cmds);
+            assert!(
+                order.iter().all(|(_, s)| *s == Status::SUCCESS),
+                "round {round}"
+            );
+        }
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(700),
+            "ready_fd {ready_fd}: {took:?}"
+        );
+    }
+}
+
+#[test]
+fn reads_on_several_queues_keep_the_queue_size() {
+    let r = Rules {
+        jitter_ms: 4,
+        ready_fd: true,
+        ..Rules::default()
+    };
+    let (nss, seen, config) = setup_many(&[r, r]);
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::new(srv.addr, false, false);
+    let cmd = io.connect_cmd(1, 1, 0);
+    let d = Host::connect_data(NQN, HOSTNQN, cntlid);
+    assert_eq!(io.exec(cmd, &d, None).0, Status::SUCCESS);
+    let mut want = Vec::new();
+    let cmds: Vec<_> = (0..40u64)
+        .map(|i| {
+            let ns = (i % 2) as usize;
+            let d = put(&nss[ns], i * 4, 900 + i);
+            let c = io.read_cmd(ns as u32 + 1, i * 4, 1);
+            want.push((c.cid(), d));
+            (c, Vec::new(), None)
+        })
+        .collect();
+    let order = run_burst(&mut io, cmds);
+    assert!(order.iter().all(|(_, s)| *s == Status::SUCCESS));
+    assert_eq!(
+        seen.most_in_flight.load(Ordering::SeqCst),
+        2,
+        "reads at once, both queues"
+    );
+    for (cid, d) in want {
+        assert_eq!(io.incoming.remove(&cid), Some(d), "cid {cid}");
+    }
+}
+
+#[test]
+fn namespaces_past_the_read_queue_limit_go_to_the_workers() {
+    use flashpool_nvmet::connection::MAX_READ_QUEUES;
+    let r = Rules {
+        jitter_ms: 2,
+        ready_fd: true,
+        ..Rules::default()
+    };
+    let (nss, seen, config) = setup_many(&vec![r; MAX_READ_QUEUES + 1]);
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let mut want = Vec::new();
+    let mut cmds = Vec::new();
+    for (i, ns) in nss.iter().enumerate() {
+        for j in 0..2u64 {
+            let d = put(ns, 40 + j, 1100 + 10 * i as u64 + j);
+            let c = io.read_cmd(i as u32 + 1, 40 + j, 1);
+            want.push((c.cid(), d));
+            cmds.push((c, Vec::new(), None));
+        }
+    }
+    let order = run_burst(&mut io, cmds);
+    assert!(order.iter().all(|(_, s)| *s == Status::SUCCESS));
+    for (cid, d) in want {
+        assert_eq!(io.incoming.remove(&cid), Some(d), "cid {cid}");
+    }
+    assert_eq!(seen.queues.load(Ordering::SeqCst), MAX_READ_QUEUES);
+    assert_eq!(
+        seen.direct_reads.load(Ordering::SeqCst),
+        2,
+        "the last namespace's two reads ran on a worker"
+    );
 }
 
 #[test]
@@ -541,6 +798,7 @@ fn random_bursts_with_reads_in_flight_never_panic() {
         fail_at: Some(64),
         short_at: Some(72),
         spurious: true,
+        ready_fd: false,
     });
     let blocks = NS_BYTES / BS as u64;
     let written: Vec<(u64, Vec<u8>)> = (0..128u64).map(|l| (l, put(&ns, l, 1000 + l))).collect();
