@@ -21,8 +21,8 @@
 //! from every sample sorted). Any bad or failed response is an error with a message, exit 1.
 //!
 //! Flags: `--addr HOST:PORT` (default 127.0.0.1:4420; `nvme-tcp://HOST:PORT/NQN` as printed
-//! by `flashpool serve` sets both), `--nqn NQN`, `--nsid N` (default: the first active
-//! namespace), `--rw randread|randwrite`, `--qd N` (1..=MQES), `--seconds S`, `--queues N`,
+//! by `flashpool serve` sets both), `--nqn NQN`, `--nsid N[,N..]` (default: the first active
+//! namespace; several: commands go to them in turn, on the same queues), `--rw randread|randwrite`, `--qd N` (1..=MQES), `--seconds S`, `--queues N`,
 //! `--size SIZE` (bytes of the namespace to address from LBA 0, e.g. 1G; default all),
 //! `--r2t` (writes through R2T/H2CData even where in-capsule data is allowed), `--bs SIZE`
 //! (bytes per I/O: a 4 KiB multiple up to 1 MiB, the target's MDTS).
@@ -54,13 +54,16 @@ const OPC_WRITE: u8 = 0x01;
 const OPC_READ: u8 = 0x02;
 /// Longest wait for any PDU from the target before giving up.
 const PDU_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most namespaces one run addresses (`--nsid N,M,..`).
+const MAX_NAMESPACES: usize = 8;
 /// Largest PDU accepted from the target: a C2HData of a whole 1 MiB read and its header.
 const MAX_PDU: usize = (1 << 20) + 256;
 
 struct Args {
     addr: String,
     nqn: Option<String>,
-    nsid: Option<u32>,
+    /// Namespaces to address (commands go to them in turn); empty: the first active one.
+    nsids: Vec<u32>,
     write: bool,
     qd: u16,
     seconds: f64,
@@ -76,7 +79,7 @@ fn parse_args() -> Res<Args> {
     let mut a = Args {
         addr: "127.0.0.1:4420".into(),
         nqn: None,
-        nsid: None,
+        nsids: Vec::new(),
         write: false,
         qd: 1,
         seconds: 5.0,
@@ -103,7 +106,15 @@ fn parse_args() -> Res<Args> {
                 }
             }
             "--nqn" => a.nqn = Some(val("--nqn")?),
-            "--nsid" => a.nsid = Some(val("--nsid")?.parse().map_err(|_| "bad --nsid")?),
+            "--nsid" => {
+                a.nsids = val("--nsid")?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| "bad --nsid"))
+                    .collect::<Result<_, _>>()?;
+                if a.nsids.is_empty() || a.nsids.len() > MAX_NAMESPACES {
+                    return Err(format!("--nsid takes 1 to {MAX_NAMESPACES} NSIDs").into());
+                }
+            }
             "--rw" => {
                 a.write = match val("--rw")?.as_str() {
                     "randread" => false,
@@ -121,7 +132,7 @@ fn parse_args() -> Res<Args> {
             "--bs" => a.bs = parse_size(&val("--bs")?)? as usize,
             "-h" | "--help" => {
                 println!(
-                    "nvme-load --addr HOST:PORT|nvme-tcp://HOST:PORT/NQN [--nqn NQN] [--nsid N] \
+                    "nvme-load --addr HOST:PORT|nvme-tcp://HOST:PORT/NQN [--nqn NQN] [--nsid N[,N..]] \
                      [--rw randread|randwrite] [--qd N] [--seconds S] [--queues N] [--size SIZE] [--r2t] [--bs SIZE]"
                 );
                 std::process::exit(0);
@@ -483,13 +494,14 @@ fn discover(addr: &str, hostnqn: &str) -> Res<String> {
 /// What every I/O queue needs to know.
 #[derive(Clone, Copy)]
 struct Job {
-    nsid: u32,
     write: bool,
     qd: u16,
-    /// Bytes per I/O, logical blocks per I/O and I/O-sized units addressed.
+    /// Bytes per I/O.
     bs: usize,
-    lbas_per_io: u64,
-    units: u64,
+    /// Per namespace addressed: NSID, logical blocks per I/O, I/O-sized units addressed.
+    targets: [(u32, u64, u64); MAX_NAMESPACES],
+    /// Namespaces in `targets`.
+    n_targets: usize,
     in_capsule: bool,
     maxh2c: u32,
     seed: u64,
@@ -513,12 +525,13 @@ struct Slot {
 
 /// Append the capsule of command `cid` (a fresh random 4 KiB read or write) to `tx`.
 fn submit(job: &Job, rng: &mut Rng, slot: &mut Slot, cid: u16, counter: u64, tx: &mut Vec<u8>) {
-    let lba = (rng.next() % job.units) * job.lbas_per_io;
+    let (nsid, lbas_per_io, units) = job.targets[(counter % job.n_targets as u64) as usize];
+    let lba = (rng.next() % units) * lbas_per_io;
     let opc = if job.write { OPC_WRITE } else { OPC_READ };
-    let mut cmd = Command::new(opc, cid, job.nsid);
+    let mut cmd = Command::new(opc, cid, nsid);
     cmd.set_cdw(10, lba as u32);
     cmd.set_cdw(11, (lba >> 32) as u32);
-    cmd.set_cdw(12, (job.lbas_per_io - 1) as u32);
+    cmd.set_cdw(12, (lbas_per_io - 1) as u32);
     let in_capsule = job.write && job.in_capsule;
     if in_capsule {
         cmd.set_sgl(0, job.bs as u32, pdu::SGL_IN_CAPSULE);
@@ -729,33 +742,36 @@ fn run() -> Res<()> {
     let (_, idc) = admin.admin("Identify Controller", 0x06, 0, 1, 0, 4096)?;
     let ioccsz = le32(&idc, 1792) as usize;
     let in_capsule = ioccsz * 16 >= 64 + a.bs && !a.r2t;
-    let nsid = match a.nsid {
-        Some(n) => n,
-        None => {
-            let (_, list) = admin.admin("Identify active namespace list", 0x06, 0, 2, 0, 4096)?;
-            match le32(&list, 0) {
-                0 => return Err(format!("{nqn} has no active namespace").into()),
-                n => n,
-            }
+    let nsids = if a.nsids.is_empty() {
+        let (_, list) = admin.admin("Identify active namespace list", 0x06, 0, 2, 0, 4096)?;
+        match le32(&list, 0) {
+            0 => return Err(format!("{nqn} has no active namespace").into()),
+            n => vec![n],
         }
+    } else {
+        a.nsids.clone()
     };
-    let (_, idn) = admin.admin("Identify Namespace", 0x06, nsid, 0, 0, 4096)?;
-    let nsze = le64(&idn, 0);
-    let lbaf = (idn.get(26).copied().unwrap_or(0) & 0xF) as usize;
-    let lbads = idn.get(128 + 4 * lbaf + 2).copied().unwrap_or(0) as u32;
-    if nsze == 0 || !(9..=12).contains(&lbads) {
-        return Err(format!(
-            "namespace {nsid}: {nsze} blocks of 2^{lbads} bytes is not usable with 4 KiB I/O"
-        )
-        .into());
-    }
-    let lbas_per_io = (a.bs as u64) >> lbads;
-    let mut units = nsze / lbas_per_io;
-    if let Some(s) = a.size {
-        units = units.min(s / a.bs as u64);
-    }
-    if units == 0 {
-        return Err("--size leaves no I/O-sized block to address".into());
+    let mut targets = [(0u32, 0u64, 0u64); MAX_NAMESPACES];
+    for (t, &nsid) in targets.iter_mut().zip(&nsids) {
+        let (_, idn) = admin.admin("Identify Namespace", 0x06, nsid, 0, 0, 4096)?;
+        let nsze = le64(&idn, 0);
+        let lbaf = (idn.get(26).copied().unwrap_or(0) & 0xF) as usize;
+        let lbads = idn.get(128 + 4 * lbaf + 2).copied().unwrap_or(0) as u32;
+        if nsze == 0 || !(9..=12).contains(&lbads) {
+            return Err(format!(
+                "namespace {nsid}: {nsze} blocks of 2^{lbads} bytes is not usable with 4 KiB I/O"
+            )
+            .into());
+        }
+        let lbas_per_io = (a.bs as u64) >> lbads;
+        let mut units = nsze / lbas_per_io;
+        if let Some(s) = a.size {
+            units = units.min(s / a.bs as u64);
+        }
+        if units == 0 {
+            return Err(format!("namespace {nsid}: no I/O-sized block to address").into());
+        }
+        *t = (nsid, lbas_per_io, units);
     }
     let nq = a.queues as u32;
     let (granted, _) = admin.admin(
@@ -790,12 +806,11 @@ fn run() -> Res<()> {
         .enumerate()
         .map(|(i, c)| {
             let job = Job {
-                nsid,
                 write: a.write,
                 qd: a.qd,
                 bs: a.bs,
-                lbas_per_io,
-                units,
+                targets,
+                n_targets: nsids.len(),
                 in_capsule,
                 maxh2c: c.maxh2c,
                 seed: seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
