@@ -191,29 +191,33 @@ impl Prepared {
         }
     }
 
-    /// A Read that ran elsewhere (a read queue) finished with `len` bytes of data or an
-    /// error: None when it succeeded (counted for the SMART log as [`run`] counts its own),
-    /// else the outcome to complete it with. Data of another length than the command's would
-    /// break the response's framing: an internal error.
-    pub fn read_finished(&self, r: Result<usize, NsError>) -> Option<Outcome> {
+    /// A Read that ran elsewhere (a read queue) brought `len` bytes: counted for the SMART
+    /// log as [`run`] counts its own; data of another length than the command's would break
+    /// the response's framing, so that is the outcome of an internal error instead.
+    pub fn read_done(&self, len: usize) -> Result<(), Outcome> {
         let Op::Read { slot, .. } = &self.op else {
-            return Some(Outcome::status(Status::INTERNAL_ERROR));
+            return Err(Outcome::status(Status::INTERNAL_ERROR));
         };
-        match r {
-            Ok(len) if len == self.xfer_len as usize => {
-                slot.counters.read_done(len as u64);
-                None
-            }
-            Ok(len) => {
-                tracing::warn!(
-                    got = len,
-                    want = self.xfer_len,
-                    "a read queue returned data of the wrong length"
-                );
-                Some(Outcome::status(Status::INTERNAL_ERROR))
-            }
-            Err(e) => Some(Outcome::status(ns_status(e, Some(slot), true))),
+        if len != self.xfer_len as usize {
+            tracing::warn!(
+                got = len,
+                want = self.xfer_len,
+                "a read queue returned data of the wrong length"
+            );
+            return Err(Outcome::status(Status::INTERNAL_ERROR));
         }
+        slot.counters.read_done(len as u64);
+        Ok(())
+    }
+
+    /// The outcome of a Read that failed elsewhere (a read queue), counted as [`run`] counts
+    /// its own failures.
+    pub fn read_failed(&self, e: NsError) -> Outcome {
+        let slot = match &self.op {
+            Op::Read { slot, .. } => Some(slot),
+            _ => None,
+        };
+        Outcome::status(ns_status(e, slot, true))
     }
 }
 

@@ -134,11 +134,8 @@ impl QueuedReads {
             free.push(token as usize);
             *bytes -= p.xfer_len as usize;
             let r = match res {
-                Ok(d) => match p.read_finished(Ok((*d).as_ref().len())) {
-                    None => Ok(d),
-                    Some(failed) => Err(failed),
-                },
-                Err(e) => Err(p.read_finished(Err(e)).unwrap_or_else(Outcome::ok)),
+                Ok(d) => p.read_done((*d).as_ref().len()).map(|()| d),
+                Err(e) => Err(p.read_failed(e)),
             };
             out.push((p.cmd, r));
         }) {}

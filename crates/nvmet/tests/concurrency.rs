@@ -455,31 +455,6 @@ impl Namespace for MediaNs {
 
 /// The SMART / Health log for `nsid`: (data units read, written, host read
 /// commands, host write commands, media errors).
-fn smart(a: &mut Host, nsid: u32) -> (Status, [u64; 5]) {
-    let (s, _, b) = a.admin_cmd(0x02, nsid, 0x02 | 127 << 16, 0, 512);
-    if !s.is_success() {
-        return (s, [0; 5]);
-    }
-    assert_eq!(b.len(), 512);
-    for off in [40, 56, 72, 88, 168] {
-        assert_eq!(
-            le64(&b, off),
-            0,
-            "high half of the 128-bit counter at {off}"
-        );
-    }
-    (
-        s,
-        [
-            le64(&b, 32),
-            le64(&b, 48),
-            le64(&b, 64),
-            le64(&b, 80),
-            le64(&b, 160),
-        ],
-    )
-}
-
 #[test]
 fn smart_log_counts_the_hosts_io() {
     let media = Arc::new(MediaNs {

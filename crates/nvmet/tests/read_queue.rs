@@ -660,6 +660,9 @@ fn failed_and_broken_queued_reads_get_their_status() {
     );
     // The queue goes on.
     assert_eq!(io.read(1, 56, 1).0, Status::SUCCESS);
+    // The SMART log counts them as it counts reads run inline: three reads done (one data
+    // unit of 512,000 bytes, rounded up), one media error; the broken read neither.
+    assert_eq!(smart(&mut a, 1), (Status::SUCCESS, [1, 0, 3, 0, 1]));
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use flashpool_nvmet::connection::{self, End};
-use flashpool_nvmet::pdu::{self, le16, le32, Command, CommonHeader, Completion, IcReq};
+use flashpool_nvmet::pdu::{self, le16, le32, le64, Command, CommonHeader, Completion, IcReq};
 use flashpool_nvmet::status::Status;
 use flashpool_nvmet::{digest, MemNamespace, Server, Subsystem, Target, TargetConfig};
 
@@ -462,4 +462,31 @@ pub fn seed(default: u64) -> u64 {
         .unwrap_or(default);
     println!("seed {s} (replay with NVMET_TEST_SEED={s})");
     s
+}
+
+/// The SMART / Health log of `nsid`: (status, [data units read, data units written, host
+/// read commands, host write commands, media errors]), each a 128-bit counter's low half.
+pub fn smart(a: &mut Host, nsid: u32) -> (Status, [u64; 5]) {
+    let (s, _, b) = a.admin_cmd(0x02, nsid, 0x02 | 127 << 16, 0, 512);
+    if !s.is_success() {
+        return (s, [0; 5]);
+    }
+    assert_eq!(b.len(), 512);
+    for off in [40, 56, 72, 88, 168] {
+        assert_eq!(
+            le64(&b, off),
+            0,
+            "high half of the 128-bit counter at {off}"
+        );
+    }
+    (
+        s,
+        [
+            le64(&b, 32),
+            le64(&b, 48),
+            le64(&b, 64),
+            le64(&b, 80),
+            le64(&b, 160),
+        ],
+    )
 }
