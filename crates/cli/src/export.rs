@@ -95,14 +95,6 @@ impl VolumeReads {
         })
     }
 
-    pub(crate) fn start_bytes(&mut self, token: u64, offset: u64, len: usize) {
-        self.q.start(&self.vol, token, offset, len)
-    }
-
-    pub(crate) fn queue(&mut self) -> &mut ReadQueue {
-        &mut self.q
-    }
-
     /// The next finished read: its token, and its data (sent from the queue's buffer, which
     /// goes back to the queue when dropped) or error.
     pub(crate) fn take_next(&mut self) -> Option<Finished> {
@@ -120,7 +112,7 @@ impl VolumeReads {
 
 impl flashpool_nbd::ReadQueue for VolumeReads {
     fn start(&mut self, token: u64, offset: u64, len: usize) {
-        self.start_bytes(token, offset, len)
+        self.q.start(&self.vol, token, offset, len)
     }
     fn submit(&mut self) {
         self.q.submit()

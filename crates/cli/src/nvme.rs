@@ -107,18 +107,19 @@ impl Namespace for VolumeNamespace {
     }
 }
 
+/// The same queue as the NBD export's, in LBAs and with NVMe's error mapping.
 impl flashpool_nvmet::ReadQueue for VolumeReads {
     fn start(&mut self, token: u64, lba: u64, len: usize) {
-        self.start_bytes(token, lba * LBA, len)
+        flashpool_nbd::ReadQueue::start(self, token, lba * LBA, len)
     }
     fn submit(&mut self) {
-        self.queue().submit()
+        flashpool_nbd::ReadQueue::submit(self)
     }
     fn poll(&mut self) {
-        self.queue().poll()
+        flashpool_nbd::ReadQueue::poll(self)
     }
     fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
-        self.queue().wait(fd)
+        flashpool_nbd::ReadQueue::wait(self, fd)
     }
     fn take(&mut self, f: &mut flashpool_nvmet::ReadDone<'_>) -> bool {
         let Some((token, res)) = self.take_next() else {

@@ -17,9 +17,9 @@
 //!   it offers one ([`crate::Namespace::read_queue`]; a queue per namespace)
 //!   and the transport is a descriptor: the reader starts them, keeps parsing,
 //!   and answers each when its data is in; with nothing to parse it waits for a
-//!   read or the host at once (`queued_reads.rs`). A host at queue depth 1 (the read is the only
-//!   command in progress) is read inline instead: waiting on a queue would only
-//!   add a system call.
+//!   read or the host at once (`queued_reads.rs`). A host at queue depth 1
+//!   (the read is the only command in progress) is read inline instead:
+//!   waiting on a queue would only add a system call.
 //! - Other I/O commands that may wait for a device run on the queue's worker
 //!   threads (started on demand, at most [`WORKERS_PER_QUEUE`]), so the reader
 //!   keeps parsing capsules while they run, and a slow command does not hold up
@@ -32,12 +32,13 @@
 //! them and, if nobody is writing, writes every queued response in one
 //! `writev`; if another thread is writing, that one takes them too.
 //!
-//! Bounds: commands on workers and the read queue at most the queue's size
+//! Bounds: commands on workers and the read queues at most the queue's size
 //! (SQSIZE + 1 from Connect; the reader answers queued reads or waits for a
-//! worker beyond it) and [`MAX_JOB_BYTES`] of their data; R2T write buffers [`MAX_R2T_BYTES`] (writes beyond it wait for
-//! their R2T) and [`QUEUE_SIZE`] commands waiting for data; responses not yet
-//! written [`MAX_UNSENT_BYTES`] (the reader stops taking commands beyond it, so
-//! a host that does not read cannot make the target buffer without bound).
+//! worker beyond it) and [`MAX_JOB_BYTES`] of their data; R2T write buffers
+//! [`MAX_R2T_BYTES`] (writes beyond it wait for their R2T) and [`QUEUE_SIZE`]
+//! commands waiting for data; responses not yet written [`MAX_UNSENT_BYTES`]
+//! (the reader stops taking commands beyond it, so a host that does not read
+//! cannot make the target buffer without bound).
 //!
 //! A framing error or a header digest error sends a C2HTermReq and closes the
 //! connection; a data digest error fails that command with a Transient
@@ -370,7 +371,7 @@ pub fn serve_io<R: Read, W: Write + Send>(
 }
 
 /// [`serve_io`], with the descriptor `reader` reads (with it, reads that may wait for a
-/// device go on the namespace's read queue, waited on with the socket: see
+/// device go on their namespace's read queue, waited on with the socket: see
 /// [`crate::queued_reads`]) and the TLS channel the queue runs over, if any.
 #[allow(clippy::too_many_arguments)]
 fn serve_queue<R: Read, W: Write + Send>(
@@ -764,7 +765,7 @@ struct Reader<'s, 'e, 'c, R, W> {
     held: HashSet<u16>,
     next_ttag: u16,
     /// The descriptor `stream` reads, when it is one (a socket, or the plain end of a TLS
-    /// pump): needed to wait on it and a read queue at once.
+    /// pump): needed to wait on it and the read queues at once.
     socket: Option<RawFd>,
     /// Reads in progress on the namespaces' read queues.
     queued: ReadQueues,
@@ -1439,8 +1440,8 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         Ok(())
     }
 
-    /// The read queue for reads of `ns`, if it has one (asked once per queue, and only where
-    /// the thread can wait on its socket).
+    /// The read queue for reads of `ns`, if it has one (asked once per namespace, and only
+    /// where the thread can wait on its socket).
     fn read_queue_for(&mut self, ns: &Arc<dyn Namespace>) -> Option<usize> {
         self.socket?;
         self.queued.queue_for(ns)

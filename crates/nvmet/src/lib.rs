@@ -26,7 +26,7 @@
 //!   data transfer, dispatch inline, to the namespace's read queue or to the
 //!   queue's worker threads, responses sent as each command finishes (out of
 //!   order).
-//! - `queued_reads`: a queue's reads in progress on its namespace's read queue.
+//! - `queued_reads`: a queue's reads in progress on its namespaces' read queues.
 //! - [`server`]: the listener, thread-per-connection.
 
 pub mod admin;

@@ -88,14 +88,15 @@ pub trait Namespace: Send + Sync {
     /// A queue of its own for one I/O queue's reads that may wait for a device: the
     /// connection thread starts them, goes on with the commands behind them, and answers
     /// each when it completes, instead of handing them to worker threads. Asked once per
-    /// I/O queue, for the first read that may block. Default: None (reads that may block go
-    /// to the workers).
+    /// I/O queue and namespace, for the namespace's first read there that may block.
+    /// Default: None (reads that may block go to the workers).
     fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
         None
     }
 }
 
-/// A finished queued read's bytes, owned (dropped once copied into the response).
+/// A finished queued read's bytes, owned: the response is sent from them (no copy), and they
+/// are dropped once written.
 pub type ReadData = Box<dyn AsRef<[u8]> + Send>;
 
 /// What [`ReadQueue::take`] hands a finished read to: its token, and its data or error.

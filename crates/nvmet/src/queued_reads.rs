@@ -27,7 +27,8 @@ use crate::io::Prepared;
 use crate::namespace::{Namespace, ReadData, ReadQueue};
 use crate::pdu::Command;
 
-pub(crate) struct QueuedReads {
+/// One namespace's read queue and the reads in progress on it.
+struct QueuedReads {
     ns: Arc<dyn Namespace>,
     q: Box<dyn ReadQueue>,
     /// Reads in progress, each in a slot until answered; a read's queue token is its slot.
@@ -41,7 +42,7 @@ pub(crate) struct QueuedReads {
 }
 
 impl QueuedReads {
-    pub(crate) fn new(ns: Arc<dyn Namespace>, q: Box<dyn ReadQueue>) -> QueuedReads {
+    fn new(ns: Arc<dyn Namespace>, q: Box<dyn ReadQueue>) -> QueuedReads {
         QueuedReads {
             ns,
             q,
@@ -53,27 +54,27 @@ impl QueuedReads {
     }
 
     /// Whether reads of `ns` go on this queue.
-    pub(crate) fn serves(&self, ns: &Arc<dyn Namespace>) -> bool {
+    fn serves(&self, ns: &Arc<dyn Namespace>) -> bool {
         Arc::ptr_eq(&self.ns, ns)
     }
 
     /// Reads started and not yet answered.
-    pub(crate) fn in_progress(&self) -> usize {
+    fn in_progress(&self) -> usize {
         self.slots.len() - self.free.len()
     }
 
     /// Their data bytes.
-    pub(crate) fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// Whether a read in progress has command identifier `cid`.
-    pub(crate) fn has_cid(&self, cid: u16) -> bool {
+    fn has_cid(&self, cid: u16) -> bool {
         self.slots.iter().flatten().any(|p| p.cmd.cid() == cid)
     }
 
     /// Starts Read `p` (of this queue's namespace).
-    pub(crate) fn start(&mut self, p: Prepared) {
+    fn start(&mut self, p: Prepared) {
         let Some(lba) = p.read_lba() else {
             debug_assert!(false, "only Reads go on a read queue");
             return;
@@ -93,7 +94,7 @@ impl QueuedReads {
     }
 
     /// Hands the reads started to the devices.
-    pub(crate) fn submit(&mut self) {
+    fn submit(&mut self) {
         if self.unsubmitted {
             self.unsubmitted = false;
             self.q.submit();
@@ -101,7 +102,7 @@ impl QueuedReads {
     }
 
     /// Waits for a read to finish, or for `socket` to be readable (true: it may be).
-    pub(crate) fn wait(&mut self, socket: Option<RawFd>) -> io::Result<bool> {
+    fn wait(&mut self, socket: Option<RawFd>) -> io::Result<bool> {
         self.unsubmitted = false;
         self.q.wait(socket)
     }
@@ -113,7 +114,7 @@ impl QueuedReads {
 
     /// Appends each read finished so far to `out`: its data (counted for the SMART log), or
     /// the outcome of its failure.
-    pub(crate) fn finished(&mut self, out: &mut Vec<(Command, Result<ReadData, Outcome>)>) {
+    fn finished(&mut self, out: &mut Vec<(Command, Result<ReadData, Outcome>)>) {
         let QueuedReads {
             q,
             slots,
