@@ -132,10 +132,7 @@ fn a_slow_read_does_not_hold_up_the_commands_behind_it() {
         Duration::from_millis(600),
         Duration::ZERO,
     ));
-    let srv = TestServer::with(config_with(vec![(1, ns.clone())]));
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config_with(vec![(1, ns.clone())]), false);
     let slow_data = pattern(1, 2 * BS);
     assert_eq!(io.write(1, 4, &slow_data, true), Status::SUCCESS);
 
@@ -186,10 +183,7 @@ fn slow_reads_run_at_once_on_the_workers() {
         Duration::from_millis(400),
         Duration::ZERO,
     ));
-    let srv = TestServer::with(config_with(vec![(1, ns.clone())]));
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config_with(vec![(1, ns.clone())]), false);
     let n = WORKERS_PER_QUEUE as u64;
     let data: Vec<Vec<u8>> = (0..n).map(|i| pattern(200 + i, BS)).collect();
     for (i, d) in data.iter().enumerate() {
@@ -222,10 +216,7 @@ fn r2t_writes_interleave_with_commands_on_workers() {
         Duration::from_millis(20),
         Duration::from_millis(10),
     ));
-    let srv = TestServer::with(config_with(vec![(1, ns.clone())]));
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, true, true);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, true, true);
+    let (_srv, _a, mut io) = one_io_queue(config_with(vec![(1, ns.clone())]), true);
     let mut expect = Vec::new();
     let mut cmds = Vec::new();
     for i in 0..24u64 {
@@ -354,10 +345,7 @@ fn flush_and_fua_keep_their_meaning_with_commands_in_flight() {
         delay: Duration::from_millis(300),
         state: Mutex::default(),
     });
-    let srv = TestServer::with(config_with(vec![(1, ns.clone())]));
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config_with(vec![(1, ns.clone())]), false);
     let (da, db, dc) = (pattern(1, BS), pattern(2, BS), pattern(3, BS));
     // A completes (volatile only).
     assert_eq!(io.write(1, 10, &da, true), Status::SUCCESS);

@@ -337,10 +337,7 @@ fn queued_reads_complete_out_of_order_on_the_queue_thread() {
         jitter_ms: 20,
         ..Rules::default()
     });
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config, false);
     let slow_data = put(&ns, 4, 1);
     let fast: Vec<(u64, Vec<u8>)> = (0..24u64)
         .map(|i| (1000 + i * 7, put(&ns, 1000 + i * 7, 100 + i)))
@@ -392,10 +389,7 @@ fn queued_reads_carry_header_and_data_digests() {
         jitter_ms: 10,
         ..Rules::default()
     });
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, true, true);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, true, true);
+    let (_srv, _a, mut io) = one_io_queue(config, true);
     let data: Vec<Vec<u8>> = (0..12u64).map(|i| put(&ns, 300 + i, 500 + i)).collect();
     let cmds: Vec<_> = (0..12u64)
         .map(|i| (io.read_cmd(1, 300 + i, 1), Vec::new(), None))
@@ -454,10 +448,7 @@ fn reads_of_several_namespaces_each_go_on_their_own_queue() {
             ..Rules::default()
         };
         let (nss, seen, config) = setup_many(&[slow, fast]);
-        let srv = TestServer::with(config);
-        let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-        a.set_queues(1);
-        let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+        let (_srv, _a, mut io) = one_io_queue(config, false);
         let slow_data = put(&nss[0], 4, 1);
         let slow_cmd = io.read_cmd(1, 4, 1);
         let slow_cid = slow_cmd.cid();
@@ -565,10 +556,7 @@ fn namespaces_past_the_read_queue_limit_go_to_the_workers() {
         ..Rules::default()
     };
     let (nss, seen, config) = setup_many(&vec![r; MAX_READ_QUEUES + 1]);
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config, false);
     let mut want = Vec::new();
     let mut cmds = Vec::new();
     for (i, ns) in nss.iter().enumerate() {
@@ -633,10 +621,7 @@ fn failed_and_broken_queued_reads_get_their_status() {
         short_at: Some(48),
         ..Rules::default()
     });
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, mut a, mut io) = one_io_queue(config, false);
     let good = put(&ns, 56, 7);
     let cmds: Vec<_> = [40u64, 48, 56, 64]
         .iter()
@@ -672,10 +657,7 @@ fn a_socket_wake_up_with_nothing_to_read_does_not_block_the_reads() {
         spurious: true,
         ..Rules::default()
     });
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config, false);
     let data: Vec<Vec<u8>> = (0..16u64).map(|i| put(&ns, 200 + i, 400 + i)).collect();
     for round in 0..3 {
         let cmds: Vec<_> = (0..16u64)
@@ -705,10 +687,7 @@ fn a_cid_still_on_the_queue_is_refused() {
         slow: Duration::from_millis(300),
         ..Rules::default()
     });
-    let srv = TestServer::with(config);
-    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
-    a.set_queues(1);
-    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_srv, _a, mut io) = one_io_queue(config, false);
     let d = put(&ns, 2, 5);
     let slow = io.read_cmd(1, 2, 1);
     let other = io.read_cmd(1, 100, 1);

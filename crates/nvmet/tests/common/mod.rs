@@ -74,6 +74,16 @@ impl Drop for TestServer {
     }
 }
 
+/// A server for `config`, a host's admin queue (one I/O queue asked for) and that I/O queue
+/// connected, with header and data digests when `digests`: (server, admin, I/O).
+pub fn one_io_queue(config: TargetConfig, digests: bool) -> (TestServer, Host, Host) {
+    let srv = TestServer::with(config);
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, digests, digests);
+    a.set_queues(1);
+    let io = Host::io(srv.addr, cntlid, 1, digests, digests);
+    (srv, a, io)
+}
+
 /// One connection served by `connection::serve` on a thread the test joins:
 /// a panic in the target shows up as a join error.
 pub fn serve_one(target: Arc<Target>) -> (SocketAddr, JoinHandle<End>) {
