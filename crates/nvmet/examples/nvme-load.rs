@@ -21,8 +21,9 @@
 //! from every sample sorted). Any bad or failed response is an error with a message, exit 1.
 //!
 //! Flags: `--addr HOST:PORT` (default 127.0.0.1:4420; `nvme-tcp://HOST:PORT/NQN` as printed
-//! by `flashpool serve` sets both), `--nqn NQN`, `--nsid N[,N..]` (default: the first active
-//! namespace; several: commands go to them in turn, on the same queues), `--rw randread|randwrite`, `--qd N` (1..=MQES), `--seconds S`, `--queues N`,
+//! by `flashpool serve` sets both), `--nqn NQN`, `--nsid N[,N..]` (default: the first
+//! active namespace; several: commands go to them in turn, on the same queues),
+//! `--rw randread|randwrite`, `--qd N` (1..=MQES), `--seconds S`, `--queues N`,
 //! `--size SIZE` (bytes of the namespace to address from LBA 0, e.g. 1G; default all),
 //! `--r2t` (writes through R2T/H2CData even where in-capsule data is allowed), `--bs SIZE`
 //! (bytes per I/O: a 4 KiB multiple up to 1 MiB, the target's MDTS).
