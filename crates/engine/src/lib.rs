@@ -19,6 +19,7 @@ mod checkpoint;
 pub mod codec;
 pub mod compress;
 pub mod crc;
+mod degraded_read;
 pub mod drive;
 pub mod error;
 pub mod format;

@@ -9,6 +9,7 @@
 //! mismatch, a drive error, a packed or buffered block) goes through the one-block path.
 
 use crate::compress;
+use crate::degraded_read::{LostBlock, Span};
 use crate::drive::{batch, BatchItem};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
@@ -196,6 +197,41 @@ impl Inner {
                 }
             }
         }
+        // Blocks on drives out of service: rebuilt together, a span of each chunk at a time.
+        let lost: Vec<LostBlock> = one_by_one
+            .iter()
+            .filter_map(|&(ri, i)| {
+                let lba = ranges[ri].0 + i as u64;
+                let raw = vol.map.get(lba);
+                match Entry::decode(raw) {
+                    Some(entry @ Entry::Media { drive, .. })
+                        if self
+                            .drives
+                            .get(drive as usize)
+                            .and_then(|s| s.usable())
+                            .is_none() =>
+                    {
+                        Some(LostBlock {
+                            at: (ri, i),
+                            lba,
+                            raw,
+                            entry,
+                        })
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        if !lost.is_empty() {
+            let read = self.read_lost_blocks(vol, &lost, ranges);
+            let done: std::collections::HashSet<(usize, usize)> = lost
+                .iter()
+                .zip(read)
+                .filter(|(_, r)| *r)
+                .map(|(l, _)| l.at)
+                .collect();
+            one_by_one.retain(|at| !done.contains(at));
+        }
         let mut results: Vec<Result<()>> = (0..ranges.len()).map(|_| Ok(())).collect();
         for (ri, i) in one_by_one {
             if results[ri].is_err() {
@@ -330,6 +366,19 @@ impl Inner {
                 // (`Pool::repair_pending`), not just this read.
                 self.needs_repair.lock().insert(desc.segment);
             }
+            let at = (offset - desc.chunks[j].data_offset()) as usize;
+            // The same bytes of the other chunks first (w small reads); the whole stripe,
+            // every chunk checked, only when that does not give the block back.
+            let span = Span::around(&desc, j, at, len);
+            if let Ok(bytes) = self.rebuild_span(&span) {
+                let stored = &bytes[at - span.start..at - span.start + len];
+                if entry.tag_matches(crate::crc::checksum(stored))
+                    && compress::decode(stored, out).is_ok()
+                {
+                    Stats::add(&self.stats.degraded_reads, 1);
+                    return Ok(());
+                }
+            }
             let shards = match self.read_stripe(&desc, Some(d)) {
                 Ok(s) => s,
                 Err(e) => {
@@ -337,7 +386,6 @@ impl Inner {
                     continue;
                 }
             };
-            let at = (offset - desc.chunks[j].data_offset()) as usize;
             let stored = &shards[j][at..at + len];
             if !entry.tag_matches(crate::crc::checksum(stored)) {
                 last_err = Some(Error::Unavailable(format!(
