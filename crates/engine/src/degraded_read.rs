@@ -3,13 +3,19 @@
 //! work byte by byte across a stripe's chunks, so bytes `a..b` of a chunk follow from bytes
 //! `a..b` of any `w` others: a lost 4 KiB block costs `w` reads of 4 KiB instead of `w`
 //! whole chunks, and the lost blocks of a request that lie together in one chunk share one
-//! rebuild ([`Inner::plan_spans`]). The reads of every span go out as one batch, all drives
-//! at once.
+//! span.
 //!
-//! No chunk CRC covers part of a chunk: the caller checks each rebuilt block against the CRC
-//! tag in its map entry, and a block that fails goes the whole-stripe way
-//! ([`Inner::read_stripe`]), which checks every chunk and finds the one that lies.
+//! A request's rebuild is planned with the rest of its reads ([`Inner::plan_rebuild`], called
+//! by `Inner::plan_ranges`): its source reads go out with the request's other drive reads, in
+//! one batch or on a read queue's ring, and [`Inner::finish_rebuild`] decodes the spans once
+//! they are in. So a degraded read waits for one round of drive reads, like a healthy one,
+//! and a reactor never blocks on it.
+//!
+//! No chunk CRC covers part of a chunk: each rebuilt block is checked against the CRC tag in
+//! its map entry, and a block that fails goes the one-block way, whose last resort is the
+//! whole stripe ([`Inner::read_stripe`]): every chunk checked, the one that lies found.
 
+use crate::aligned::AlignedBuf;
 use crate::compress;
 use crate::drive::{batch, BatchItem, DriveRef};
 use crate::error::{Error, Result};
@@ -18,146 +24,6 @@ use crate::map::Entry;
 use crate::pool::{Inner, VolumeState};
 use crate::scan::StripeDesc;
 use crate::stats::Stats;
-
-/// Bytes `start..end` of chunk `chunk` of one stripe, to rebuild.
-pub(crate) struct Span<'a> {
-    pub(crate) stripe: &'a StripeDesc,
-    pub(crate) chunk: usize,
-    /// Offsets in the chunk's data, `start < end <= parity_len`.
-    pub(crate) start: usize,
-    pub(crate) end: usize,
-}
-
-impl Span<'_> {
-    /// The span that holds the `len` bytes at `at` in the chunk's data, widened to whole
-    /// 4 KiB blocks (aligned drive reads) within the stripe's parity length.
-    pub(crate) fn around(stripe: &StripeDesc, chunk: usize, at: usize, len: usize) -> Span<'_> {
-        let start = at / BLOCK * BLOCK;
-        let end = (at + len).div_ceil(BLOCK) * BLOCK;
-        Span {
-            stripe,
-            chunk,
-            start,
-            end: end.min(stripe.parity_len).max(at + len),
-        }
-    }
-}
-
-impl Inner {
-    /// Rebuilds every span from the same bytes of `w` other chunks of its stripe (data
-    /// chunks first, then parity; drives out of service skipped), all spans' reads in one
-    /// batch. Returns each span's bytes, or why it could not be rebuilt (too few chunks
-    /// readable, a read error); the result is not checked: see the module doc.
-    pub(crate) fn rebuild_spans(&self, spans: &[Span<'_>]) -> Vec<Result<Vec<u8>>> {
-        struct Plan {
-            shards: Vec<Vec<u8>>,
-            present: Vec<bool>,
-            /// (chunk, drive, drive offset, bytes to read) of each read.
-            reads: Vec<(usize, DriveRef, u64, usize)>,
-            short: bool,
-        }
-        let mut plans: Vec<Plan> = spans
-            .iter()
-            .map(|sp| {
-                let s = sp.stripe;
-                debug_assert!(sp.chunk < s.w && sp.start < sp.end && sp.end <= s.parity_len);
-                let n = s.w + s.m;
-                let len = sp.end - sp.start;
-                let mut present = vec![false; n];
-                let mut reads = Vec::new();
-                let mut have = 0;
-                for i in (0..n).filter(|&i| i != sp.chunk) {
-                    if have == s.w {
-                        break;
-                    }
-                    let c = &s.chunks[i];
-                    // A chunk shorter than the span is zeros past its end (the codes see
-                    // every chunk zero-extended to the parity length).
-                    let stored = (c.len as usize).saturating_sub(sp.start).min(len);
-                    if stored > 0 {
-                        match self.drives.get(c.drive as usize).and_then(|x| x.usable()) {
-                            Some(d) => reads.push((
-                                i,
-                                d.clone(),
-                                c.data_offset() + sp.start as u64,
-                                stored,
-                            )),
-                            None => continue,
-                        }
-                    }
-                    present[i] = true;
-                    have += 1;
-                }
-                Plan {
-                    shards: (0..n).map(|_| vec![0u8; len]).collect(),
-                    present,
-                    reads,
-                    short: have < s.w,
-                }
-            })
-            .collect();
-        let mut items = Vec::new();
-        let mut owner = Vec::new();
-        for (p, plan) in plans.iter_mut().enumerate() {
-            if plan.short {
-                continue;
-            }
-            let mut bufs: Vec<Option<&mut Vec<u8>>> = plan.shards.iter_mut().map(Some).collect();
-            for (i, d, offset, stored) in &plan.reads {
-                let buf = bufs[*i].take().expect("one read per chunk");
-                items.push(BatchItem::read(&**d, *offset, &mut buf[..*stored]));
-                owner.push(p);
-            }
-        }
-        let results = batch::run(&mut items);
-        drop(items);
-        let mut failed = vec![false; plans.len()];
-        for (p, r) in owner.into_iter().zip(results) {
-            match r {
-                Ok(()) => {}
-                Err(e) => {
-                    Stats::add(&self.stats.read_errors, 1);
-                    tracing::warn!(error = %e, "read error while rebuilding a lost block");
-                    failed[p] = true;
-                }
-            }
-        }
-        plans
-            .into_iter()
-            .zip(spans)
-            .zip(failed)
-            .map(|((mut plan, sp), failed)| {
-                let s = sp.stripe;
-                if plan.short {
-                    return Err(Error::Unavailable(format!(
-                        "stripe {}: fewer than {} chunks readable",
-                        s.seq, s.w
-                    )));
-                }
-                if failed {
-                    return Err(Error::Unavailable(format!(
-                        "stripe {}: a read failed while rebuilding chunk {}",
-                        s.seq, sp.chunk
-                    )));
-                }
-                let read: usize = plan.reads.iter().map(|r| r.3).sum();
-                Stats::add(&self.stats.media_read_bytes, read as u64);
-                let mut refs: Vec<&mut [u8]> =
-                    plan.shards.iter_mut().map(|v| v.as_mut_slice()).collect();
-                self.codec.reconstruct(&mut refs, &plan.present)?;
-                Stats::add(&self.stats.reconstructed_chunks, 1);
-                Ok(std::mem::take(&mut plan.shards[sp.chunk]))
-            })
-            .collect()
-    }
-
-    /// One span's bytes (see [`Inner::rebuild_spans`]).
-    pub(crate) fn rebuild_span(&self, span: &Span<'_>) -> Result<Vec<u8>> {
-        self.rebuild_spans(std::slice::from_ref(span))
-            .pop()
-            .expect("one result per span")
-    }
-}
 
 /// A block of a request whose drive is out of service: where the request wants it and where
 /// its map entry says it is stored.
@@ -170,25 +36,83 @@ pub(crate) struct LostBlock {
     pub(crate) entry: Entry,
 }
 
+/// The rebuild of a request's lost blocks, planned: its spans, their source reads and the
+/// buffers those land in. The reads go out with the request's others; the spans are decoded
+/// by [`Inner::finish_rebuild`].
+#[derive(Default)]
+pub(crate) struct RebuildPlan {
+    stripes: Vec<StripeDesc>,
+    spans: Vec<SpanPlan>,
+    /// Every span's source reads, span by span.
+    pub(crate) reads: Vec<SourceRead>,
+}
+
+/// Bytes `start..end` of chunk `chunk` of a stripe, to rebuild.
+struct SpanPlan {
+    stripe: usize,
+    chunk: usize,
+    /// Offset of the span in the chunk's data (block-aligned; its length is the shards').
+    start: usize,
+    /// One buffer of `end - start` bytes per chunk of the stripe (a chunk shorter than the
+    /// span is zeros past its end, as the codes see it).
+    shards: Vec<AlignedBuf>,
+    /// The chunks read (or all zeros there): `w` of them unless `short`.
+    present: Vec<bool>,
+    /// Fewer than `w` chunks readable: it cannot be rebuilt.
+    short: bool,
+    blocks: Vec<SpanBlock>,
+}
+
+/// A block a span holds: (offset in the chunk's data, stored length, the block).
+type SpanBlock = (usize, usize, LostBlock);
+
+/// One drive read of a span's source chunk (block-aligned offset and length).
+pub(crate) struct SourceRead {
+    span: usize,
+    chunk: usize,
+    pub(crate) drive: DriveRef,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+}
+
+impl RebuildPlan {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The buffer each read lands in, in `reads` order.
+    pub(crate) fn targets(&mut self) -> Vec<&mut [u8]> {
+        let RebuildPlan { spans, reads, .. } = self;
+        let mut bufs: Vec<Vec<Option<&mut AlignedBuf>>> = spans
+            .iter_mut()
+            .map(|s| s.shards.iter_mut().map(Some).collect())
+            .collect();
+        reads
+            .iter()
+            .map(|r| {
+                let b = bufs[r.span][r.chunk].take().expect("one read per chunk");
+                &mut b[..r.len]
+            })
+            .collect()
+    }
+}
+
 impl Inner {
-    /// Rebuilds `lost` into `ranges` (each `(first block, buffer)`), the blocks that lie
-    /// together in one chunk sharing one span, every span's reads in one batch. Returns, per
-    /// lost block, whether it was read: rebuilt, its CRC tag matching and its map entry
-    /// unchanged. The rest are for the one-block path, which retries, rescans and reports.
-    pub(crate) fn read_lost_blocks(
-        &self,
-        vol: &VolumeState,
-        lost: &[LostBlock],
-        ranges: &mut [(u64, &mut [u8])],
-    ) -> Vec<bool> {
+    /// Plans the rebuild of `lost`: finds each block's stripe (a cached scan of its segment),
+    /// merges the blocks of one chunk that touch into a span, and picks each span's sources:
+    /// `w` other chunks, data first, on drives in service. Returns the plan and the blocks it
+    /// could not place (no stripe found), for the one-block way.
+    pub(crate) fn plan_rebuild(&self, lost: Vec<LostBlock>) -> (RebuildPlan, Vec<(usize, usize)>) {
+        let mut plan = RebuildPlan::default();
+        let mut unplaced = Vec::new();
         // Where each block is stored: (stripe, chunk, offset in the chunk's data, length).
-        let mut stripes: Vec<StripeDesc> = Vec::new();
-        let mut placed: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
-        for (b, lb) in lost.iter().enumerate() {
+        let mut placed: Vec<(usize, usize, usize, usize, LostBlock)> = Vec::new();
+        for lb in lost {
             let Entry::Media {
                 drive, offset, len, ..
             } = lb.entry
             else {
+                unplaced.push(lb.at);
                 continue;
             };
             let d = drive as usize;
@@ -197,7 +121,8 @@ impl Inner {
                     c.drive as usize == d && c.data_offset() <= offset && offset < c.end()
                 })
             };
-            let found = stripes
+            let found = plan
+                .stripes
                 .iter()
                 .enumerate()
                 .find_map(|(k, s)| covers(s).map(|j| (k, j)));
@@ -205,47 +130,135 @@ impl Inner {
                 Some(kj) => kj,
                 None => match self.find_stripe(d, offset) {
                     Ok((desc, j)) => {
-                        stripes.push(desc);
-                        (stripes.len() - 1, j)
+                        plan.stripes.push(desc);
+                        (plan.stripes.len() - 1, j)
                     }
-                    Err(_) => continue,
+                    Err(_) => {
+                        unplaced.push(lb.at);
+                        continue;
+                    }
                 },
             };
-            let at = (offset - stripes[k].chunks[j].data_offset()) as usize;
-            if at + len as usize > stripes[k].chunks[j].len as usize {
+            let c = &plan.stripes[k].chunks[j];
+            let at = (offset - c.data_offset()) as usize;
+            if at + len as usize > c.len as usize {
+                unplaced.push(lb.at);
                 continue;
             }
-            placed.push((k, j, at, len as usize, b));
+            placed.push((k, j, at, len as usize, lb));
         }
-        // Spans: the blocks of one chunk in offset order, merged where they touch.
-        placed.sort_unstable();
-        let mut spans: Vec<Span<'_>> = Vec::new();
-        let mut members: Vec<Vec<(usize, usize, usize)>> = Vec::new();
-        for &(k, j, at, len, b) in &placed {
-            let want = Span::around(&stripes[k], j, at, len);
+        // The blocks of one chunk in offset order, merged into spans where they touch.
+        placed.sort_unstable_by_key(|p| (p.0, p.1, p.2));
+        // (stripe, chunk, start, end, blocks)
+        let mut spans: Vec<(usize, usize, usize, usize, Vec<SpanBlock>)> = Vec::new();
+        for (k, j, at, len, lb) in placed {
+            let (start, end) = (at / BLOCK * BLOCK, (at + len).div_ceil(BLOCK) * BLOCK);
             match spans.last_mut() {
-                Some(sp)
-                    if std::ptr::eq(sp.stripe, &stripes[k])
-                        && sp.chunk == j
-                        && want.start <= sp.end =>
-                {
-                    sp.end = sp.end.max(want.end);
+                Some(sp) if sp.0 == k && sp.1 == j && start <= sp.3 => {
+                    sp.3 = sp.3.max(end);
+                    sp.4.push((at, len, lb));
                 }
-                _ => {
-                    spans.push(want);
-                    members.push(Vec::new());
-                }
+                _ => spans.push((k, j, start, end, vec![(at, len, lb)])),
             }
-            members
-                .last_mut()
-                .expect("a span per block")
-                .push((at, len, b));
         }
-        let mut done = vec![false; lost.len()];
-        for ((sp, bytes), blocks) in spans.iter().zip(self.rebuild_spans(&spans)).zip(members) {
-            let Ok(bytes) = bytes else { continue };
-            for (at, len, b) in blocks {
-                let lb = &lost[b];
+        for (k, j, start, end, blocks) in spans {
+            let end = end.min(plan.stripes[k].parity_len);
+            self.plan_span(&mut plan, k, j, start, end, blocks);
+        }
+        (plan, unplaced)
+    }
+
+    /// Adds the span `start..end` of chunk `j` of stripe `k` to `plan`, with its sources.
+    fn plan_span(
+        &self,
+        plan: &mut RebuildPlan,
+        k: usize,
+        j: usize,
+        start: usize,
+        end: usize,
+        blocks: Vec<SpanBlock>,
+    ) {
+        let s = &plan.stripes[k];
+        debug_assert!(j < s.w && start < end && end <= s.parity_len);
+        debug_assert!(start.is_multiple_of(BLOCK) && end.is_multiple_of(BLOCK));
+        let n = s.w + s.m;
+        let len = end - start;
+        let span = plan.spans.len();
+        let mut present = vec![false; n];
+        let mut have = 0;
+        for i in (0..n).filter(|&i| i != j) {
+            if have == s.w {
+                break;
+            }
+            let c = &s.chunks[i];
+            // Zeros past a chunk's end (chunk lengths are whole blocks): nothing to read.
+            let stored = (c.len as usize).saturating_sub(start).min(len);
+            if stored > 0 {
+                let Some(d) = self.drives.get(c.drive as usize).and_then(|x| x.usable()) else {
+                    continue;
+                };
+                plan.reads.push(SourceRead {
+                    span,
+                    chunk: i,
+                    drive: d.clone(),
+                    offset: c.data_offset() + start as u64,
+                    len: stored,
+                });
+            }
+            present[i] = true;
+            have += 1;
+        }
+        plan.spans.push(SpanPlan {
+            stripe: k,
+            chunk: j,
+            start,
+            shards: (0..n).map(|_| AlignedBuf::zeroed(len)).collect(),
+            present,
+            short: have < s.w,
+            blocks,
+        });
+    }
+
+    /// Decodes the spans whose source reads all succeeded (`ok[r]`: read `r` of
+    /// `plan.reads` did) and puts their blocks into `ranges` (each `(first block, buffer)`)
+    /// where the block's CRC tag matches and its map entry is unchanged. Returns the blocks it
+    /// did not read, for the one-block way.
+    pub(crate) fn finish_rebuild(
+        &self,
+        vol: &VolumeState,
+        plan: RebuildPlan,
+        ok: &[bool],
+        ranges: &mut [(u64, &mut [u8])],
+    ) -> Vec<(usize, usize)> {
+        debug_assert_eq!(ok.len(), plan.reads.len());
+        let mut failed = vec![false; plan.spans.len()];
+        for (r, &good) in plan.reads.iter().zip(ok) {
+            if good {
+                Stats::add(&self.stats.media_read_bytes, r.len as u64);
+            } else {
+                Stats::add(&self.stats.read_errors, 1);
+                failed[r.span] = true;
+            }
+        }
+        let mut undone = Vec::new();
+        for (mut sp, failed) in plan.spans.into_iter().zip(failed) {
+            let s = &plan.stripes[sp.stripe];
+            if sp.short || failed {
+                tracing::warn!(
+                    stripe = s.seq,
+                    chunk = sp.chunk,
+                    "cannot rebuild lost blocks from the same bytes of the other chunks: too few readable"
+                );
+                undone.extend(sp.blocks.iter().map(|b| b.2.at));
+                continue;
+            }
+            if let Err(e) = self.decode_span(&mut sp) {
+                tracing::warn!(stripe = s.seq, error = %e, "rebuilding lost blocks failed");
+                undone.extend(sp.blocks.iter().map(|b| b.2.at));
+                continue;
+            }
+            let bytes = &sp.shards[sp.chunk];
+            for (at, len, lb) in &sp.blocks {
                 let stored = &bytes[at - sp.start..at - sp.start + len];
                 let (ri, i) = lb.at;
                 let out = &mut ranges[ri].1[i * BLOCK..(i + 1) * BLOCK];
@@ -254,10 +267,90 @@ impl Inner {
                     && vol.map.get(lb.lba) == lb.raw
                 {
                     Stats::add(&self.stats.degraded_reads, 1);
-                    done[b] = true;
+                } else {
+                    undone.push(lb.at);
                 }
             }
         }
-        done
+        undone
     }
+
+    /// Erasure-decodes a span whose sources are in: its chunk's bytes land in
+    /// `shards[chunk]`.
+    fn decode_span(&self, sp: &mut SpanPlan) -> Result<()> {
+        let mut refs: Vec<&mut [u8]> = sp.shards.iter_mut().map(|b| &mut b[..]).collect();
+        self.codec.reconstruct(&mut refs, &sp.present)?;
+        Stats::add(&self.stats.reconstructed_chunks, 1);
+        Ok(())
+    }
+
+    /// Rebuilds `lost` into `ranges` now: plans, reads every span's sources in one batch,
+    /// decodes. Returns the blocks it did not read, for the one-block way.
+    pub(crate) fn read_lost_blocks(
+        &self,
+        vol: &VolumeState,
+        lost: Vec<LostBlock>,
+        ranges: &mut [(u64, &mut [u8])],
+    ) -> Vec<(usize, usize)> {
+        let (mut plan, mut undone) = self.plan_rebuild(lost);
+        let ok = run_reads(&mut plan);
+        undone.extend(self.finish_rebuild(vol, plan, &ok, ranges));
+        undone
+    }
+
+    /// The `len` bytes at `at` in chunk `j` of stripe `s`, rebuilt from the same bytes of
+    /// the other chunks (unchecked: see the module doc).
+    pub(crate) fn rebuild_bytes(
+        &self,
+        s: &StripeDesc,
+        j: usize,
+        at: usize,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let start = at / BLOCK * BLOCK;
+        let end = ((at + len).div_ceil(BLOCK) * BLOCK).min(s.parity_len);
+        if at + len > end {
+            return Err(Error::corrupt(format!(
+                "bytes {at}..{} past stripe {}'s parity length",
+                at + len,
+                s.seq
+            )));
+        }
+        let mut plan = RebuildPlan {
+            stripes: vec![s.clone()],
+            ..RebuildPlan::default()
+        };
+        self.plan_span(&mut plan, 0, j, start, end, Vec::new());
+        let ok = run_reads(&mut plan);
+        if plan.spans[0].short || ok.iter().any(|g| !g) {
+            for (r, &good) in plan.reads.iter().zip(&ok) {
+                if !good {
+                    Stats::add(&self.stats.read_errors, 1);
+                    tracing::warn!(offset = r.offset, "read error while rebuilding a block");
+                }
+            }
+            return Err(Error::Unavailable(format!(
+                "stripe {}: too few chunks readable to rebuild chunk {j}",
+                s.seq
+            )));
+        }
+        let read: usize = plan.reads.iter().map(|r| r.len).sum();
+        Stats::add(&self.stats.media_read_bytes, read as u64);
+        let sp = &mut plan.spans[0];
+        self.decode_span(sp)?;
+        Ok(sp.shards[j][at - start..at - start + len].to_vec())
+    }
+}
+
+/// Runs a plan's source reads as one batch; whether each succeeded, in `reads` order.
+fn run_reads(plan: &mut RebuildPlan) -> Vec<bool> {
+    let drives: Vec<DriveRef> = plan.reads.iter().map(|r| r.drive.clone()).collect();
+    let offsets: Vec<u64> = plan.reads.iter().map(|r| r.offset).collect();
+    let mut items: Vec<BatchItem<'_>> = plan
+        .targets()
+        .into_iter()
+        .zip(drives.iter().zip(&offsets))
+        .map(|(buf, (d, &off))| BatchItem::read(&**d, off, buf))
+        .collect();
+    batch::run(&mut items).iter().map(|r| r.is_ok()).collect()
 }

@@ -1,22 +1,26 @@
 //! The read path: map lookup, then the stripe buffer (data not yet on the drives) or one drive
 //! read checked against the CRC tag in the map entry; on a drive error or a tag mismatch, the
-//! block is rebuilt from the rest of its stripe, every chunk checked against its CRC32C.
+//! block is rebuilt from the same bytes of its stripe's other chunks (`degraded_read`), and as
+//! a last resort from the whole stripe, every chunk checked against its CRC32C.
 //!
 //! A read of many blocks (`read_blocks`) first groups the blocks that lie one after another on
-//! one drive into a single drive read, and issues the reads of all drives as one batch
-//! (`drive::batch`): a 1 MiB read of data written sequentially is one read per chunk, all
-//! drives at once. Whatever such a read cannot vouch for (a block moved meanwhile, a tag
-//! mismatch, a drive error, a packed or buffered block) goes through the one-block path.
+//! one drive into a single drive read, plans the rebuild of its blocks on drives out of
+//! service, and issues all those reads as one batch (`drive::batch`): a 1 MiB read of data
+//! written sequentially is one read per chunk, all drives at once, and a degraded one adds a
+//! few reads per lost chunk to the same batch. Whatever such a read cannot vouch for (a block
+//! moved meanwhile, a tag mismatch, a drive error, a packed or buffered block) goes through the
+//! one-block path.
 
 use crate::compress;
-use crate::degraded_read::{LostBlock, Span};
-use crate::drive::{batch, BatchItem};
+use crate::degraded_read::{LostBlock, RebuildPlan};
+use crate::drive::{batch, BatchItem, DriveRef};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::Entry;
 use crate::pool::{Inner, VolumeState};
 use crate::scan::StripeDesc;
 use crate::stats::Stats;
+use std::collections::HashSet;
 
 /// The longest single drive read `read_blocks` issues (a chunk is at most this on the default
 /// geometry, so data written sequentially is one read per chunk).
@@ -45,6 +49,25 @@ pub(crate) struct ReadPlan {
     pub(crate) runs: Vec<Run>,
     /// Blocks read one at a time at the finish: (range, block index).
     one_by_one: Vec<(usize, usize)>,
+    /// Blocks on drives out of service, rebuilt from their stripes: reads that go out with
+    /// `runs`.
+    pub(crate) rebuild: RebuildPlan,
+}
+
+impl ReadPlan {
+    /// Drive reads of the plan: its runs, then its rebuild's source reads; `ok` slices given
+    /// to [`Inner::finish_ranges`] are in this order.
+    pub(crate) fn reads(&self) -> usize {
+        self.runs.len() + self.rebuild.reads.len()
+    }
+
+    /// Bytes of drive read `k` (in [`ReadPlan::reads`] order).
+    pub(crate) fn read_len(&self, k: usize) -> usize {
+        match self.runs.get(k) {
+            Some(r) => r.blocks * BLOCK,
+            None => self.rebuild.reads[k - self.runs.len()].len,
+        }
+    }
 }
 
 impl Inner {
@@ -67,9 +90,9 @@ impl Inner {
             .iter()
             .map(|(lba, out)| (*lba, out.len() / BLOCK))
             .collect();
-        let plan = self.plan_ranges(vol, &shape);
-        let mut ok = vec![false; plan.runs.len()];
-        if !plan.runs.is_empty() {
+        let mut plan = self.plan_ranges(vol, &shape);
+        let mut ok = vec![false; plan.reads()];
+        if plan.reads() > 0 {
             let drives: Vec<_> = plan
                 .runs
                 .iter()
@@ -98,6 +121,19 @@ impl Inner {
                     k += 1;
                 }
             }
+            // The rebuild's source reads in the same batch.
+            let nruns = plan.runs.len();
+            let sources: Vec<(DriveRef, u64)> = plan
+                .rebuild
+                .reads
+                .iter()
+                .map(|r| (r.drive.clone(), r.offset))
+                .collect();
+            for (k, (buf, (d, off))) in plan.rebuild.targets().into_iter().zip(&sources).enumerate()
+            {
+                items.push(BatchItem::read(&**d, *off, buf));
+                which.push(nruns + k);
+            }
             for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
                 ok[k] = res.is_ok();
             }
@@ -112,6 +148,7 @@ impl Inner {
         let mut seen: Vec<Vec<u64>> = Vec::with_capacity(ranges.len());
         let mut runs: Vec<Run> = Vec::new();
         let mut one_by_one: Vec<(usize, usize)> = Vec::new();
+        let mut lost: Vec<LostBlock> = Vec::new();
         for (ri, &(lba, n)) in ranges.iter().enumerate() {
             let mut raws = Vec::with_capacity(n);
             for i in 0..n {
@@ -148,15 +185,37 @@ impl Inner {
                             }),
                         }
                     }
+                    Some(entry @ Entry::Media { drive, .. })
+                        if self
+                            .drives
+                            .get(drive as usize)
+                            .and_then(|s| s.usable())
+                            .is_none() =>
+                    {
+                        lost.push(LostBlock {
+                            at: (ri, i),
+                            lba: lba + i as u64,
+                            raw,
+                            entry,
+                        })
+                    }
                     _ => one_by_one.push((ri, i)),
                 }
             }
             seen.push(raws);
         }
+        let rebuild = if lost.is_empty() {
+            RebuildPlan::default()
+        } else {
+            let (plan, unplaced) = self.plan_rebuild(lost);
+            one_by_one.extend(unplaced);
+            plan
+        };
         ReadPlan {
             seen,
             runs,
             one_by_one,
+            rebuild,
         }
     }
 
@@ -170,13 +229,18 @@ impl Inner {
         ranges: &mut [(u64, &mut [u8])],
         ok: &[bool],
     ) -> Vec<Result<()>> {
-        debug_assert_eq!(ok.len(), plan.runs.len());
+        debug_assert_eq!(ok.len(), plan.reads());
         debug_assert_eq!(ranges.len(), plan.seen.len());
         let ReadPlan {
             seen,
             runs,
             mut one_by_one,
+            rebuild,
         } = plan;
+        let (ok, rebuild_ok) = ok.split_at(runs.len());
+        if !rebuild.is_empty() {
+            one_by_one.extend(self.finish_rebuild(vol, rebuild, rebuild_ok, ranges));
+        }
         for (r, &good) in runs.iter().zip(ok) {
             let (lba, out) = &ranges[r.range];
             debug_assert!((r.first + r.blocks) * BLOCK <= out.len());
@@ -197,7 +261,8 @@ impl Inner {
                 }
             }
         }
-        // Blocks on drives out of service: rebuilt together, a span of each chunk at a time.
+        // Blocks on drives that left service after the plan (or whose rebuild above failed
+        // a read): rebuilt together now, a span of each chunk at a time.
         let lost: Vec<LostBlock> = one_by_one
             .iter()
             .filter_map(|&(ri, i)| {
@@ -223,14 +288,12 @@ impl Inner {
             })
             .collect();
         if !lost.is_empty() {
-            let read = self.read_lost_blocks(vol, &lost, ranges);
-            let done: std::collections::HashSet<(usize, usize)> = lost
-                .iter()
-                .zip(read)
-                .filter(|(_, r)| *r)
-                .map(|(l, _)| l.at)
+            let tried: HashSet<(usize, usize)> = lost.iter().map(|l| l.at).collect();
+            let undone: HashSet<(usize, usize)> = self
+                .read_lost_blocks(vol, lost, ranges)
+                .into_iter()
                 .collect();
-            one_by_one.retain(|at| !done.contains(at));
+            one_by_one.retain(|at| !tried.contains(at) || undone.contains(at));
         }
         let mut results: Vec<Result<()>> = (0..ranges.len()).map(|_| Ok(())).collect();
         for (ri, i) in one_by_one {
@@ -369,9 +432,8 @@ impl Inner {
             let at = (offset - desc.chunks[j].data_offset()) as usize;
             // The same bytes of the other chunks first (w small reads); the whole stripe,
             // every chunk checked, only when that does not give the block back.
-            let span = Span::around(&desc, j, at, len);
-            if let Ok(bytes) = self.rebuild_span(&span) {
-                let stored = &bytes[at - span.start..at - span.start + len];
+            if let Ok(stored) = self.rebuild_bytes(&desc, j, at, len) {
+                let stored = &stored[..];
                 if entry.tag_matches(crate::crc::checksum(stored))
                     && compress::decode(stored, out).is_ok()
                 {
@@ -479,5 +541,71 @@ impl Inner {
             Stats::add(&self.stats.reconstructed_chunks, lost.len() as u64);
         }
         Ok((shards, lost.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::drive::{DriveRef, FileDrive};
+    use crate::format::BLOCK;
+    use crate::{Compression, Pool, PoolConfig};
+    use std::sync::Arc;
+
+    /// With a drive out of service, a read's plan holds the rebuild of its blocks on that
+    /// drive: whole-block source reads of the other drives, which go out with the runs (in
+    /// one batch, or on a read queue's ring), none left to the one-block way.
+    #[test]
+    fn a_degraded_plan_reads_the_rebuild_sources_with_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let drives: Vec<DriveRef> = (0..5)
+            .map(|i| {
+                let d = FileDrive::create(&dir.path().join(format!("d{i}.img")), 32 << 20);
+                Arc::new(d.unwrap()) as DriveRef
+            })
+            .collect();
+        let cfg = PoolConfig {
+            k: 4,
+            m: 1,
+            chunk_size: 64 << 10,
+            segment_size: 1 << 20,
+            checkpoint_interval: 1 << 30,
+        };
+        let pool = Pool::create(drives, &cfg).unwrap();
+        pool.create_volume_with("v", 8 << 20, Compression::Off)
+            .unwrap();
+        let v = pool.volume("v").unwrap();
+        let data: Vec<u8> = (0..2 << 20)
+            .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        v.write(0, &data).unwrap();
+        v.flush().unwrap();
+        let healthy = pool.inner.plan_ranges(&v.vol, &[(0, 512)]);
+        assert!(healthy.rebuild.is_empty() && healthy.one_by_one.is_empty());
+        pool.fail_drive(2).unwrap();
+        let plan = pool.inner.plan_ranges(&v.vol, &[(0, 512)]);
+        assert!(
+            plan.one_by_one.is_empty(),
+            "lost blocks left to the one-block way"
+        );
+        assert!(!plan.rebuild.is_empty());
+        assert!(plan.runs.iter().all(|r| r.drive != 2));
+        let lost = 512 - plan.runs.iter().map(|r| r.blocks).sum::<usize>();
+        assert!(lost > 0);
+        // w = 4 sources per span, each read whole blocks, aligned, never of the lost drive.
+        let bytes: usize = plan.rebuild.reads.iter().map(|r| r.len).sum();
+        assert_eq!(bytes, 4 * lost * BLOCK);
+        for r in &plan.rebuild.reads {
+            assert!(r.len % BLOCK == 0 && r.offset % BLOCK as u64 == 0);
+            assert!(!Arc::ptr_eq(
+                &r.drive,
+                pool.inner.drives[2].drive.as_ref().unwrap()
+            ));
+        }
+        // Read through the plan: the data, every lost block rebuilt.
+        let before = pool.stats().degraded_reads;
+        let mut out = vec![0u8; 2 << 20];
+        pool.inner.read_blocks(&v.vol, 0, &mut out).unwrap();
+        assert!(out == data);
+        assert_eq!(pool.stats().degraded_reads - before, lost as u64);
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! [`ReadQueue::start`] looks the blocks up in the map (`Inner::plan_ranges`), puts one
 //! io_uring read per run of blocks that lie one after another on a drive into the queue's
-//! ring, and returns at once. [`ReadQueue::wait`] sleeps until some read completed or a file
+//! ring, and the source reads that rebuild its blocks on a drive out of service
+//! (`degraded_read`), and returns at once. [`ReadQueue::wait`] sleeps until some read completed or a file
 //! descriptor the caller names (its socket) is readable, whichever comes first, in one
 //! `io_uring_enter`. A read whose drive reads have all completed is checked the way every
 //! read is (`Inner::finish_ranges`: the map entry unchanged, the CRC tag matching; anything
@@ -273,36 +274,60 @@ impl ReadQueue {
         }
         Stats::add(&vol.pool.stats.host_read_bytes, len as u64);
         let lba = offset / b;
-        let plan = vol.pool.plan_ranges(&vol.vol, &[(lba, len / BLOCK)]);
+        let mut plan = vol.pool.plan_ranges(&vol.vol, &[(lba, len / BLOCK)]);
         let mut buf = self.buffer(len);
-        let mut ok = vec![false; plan.runs.len()];
+        let mut ok = vec![false; plan.reads()];
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
         });
         let mut left = 0usize;
         let mut held: Vec<DriveRef> = Vec::new();
-        for (k, r) in plan.runs.iter().enumerate() {
+        // The runs into the request's buffer, then the rebuild's source reads (blocks on a
+        // drive out of service) into the plan's own: `ok` and user data in that order.
+        let mut reads: Vec<(Option<DriveRef>, u64, &mut [u8])> = Vec::with_capacity(plan.reads());
+        let mut rest: &mut [u8] = &mut buf[..];
+        let mut at = 0usize;
+        for r in &plan.runs {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
+            let (dst, tail) = tail.split_at_mut(r.blocks * BLOCK);
+            rest = tail;
+            at = (r.first + r.blocks) * BLOCK;
+            reads.push((
+                vol.pool.drives[r.drive].usable().cloned(),
+                r.dev_offset,
+                dst,
+            ));
+        }
+        let sources: Vec<(DriveRef, u64)> = plan
+            .rebuild
+            .reads
+            .iter()
+            .map(|r| (r.drive.clone(), r.offset))
+            .collect();
+        for ((d, off), dst) in sources.into_iter().zip(plan.rebuild.targets()) {
+            reads.push((Some(d), off, dst));
+        }
+        for (k, (d, offset, dst)) in reads.into_iter().enumerate() {
             // A drive that went out of service since the plan: its blocks go the one-block way.
-            let Some(d) = vol.pool.drives[r.drive].usable().cloned() else {
+            let Some(d) = d else {
                 continue;
             };
-            let dst = &mut buf[r.first * BLOCK..(r.first + r.blocks) * BLOCK];
             match d.fd_target() {
-                Some(t) if check_io(r.dev_offset, dst.len(), t.size).is_ok() => {
+                Some(t) if check_io(offset, dst.len(), t.size).is_ok() => {
                     let sqe =
                         opcode::Read::new(types::Fd(t.fd), dst.as_mut_ptr(), dst.len() as u32)
-                            .offset(r.dev_offset)
+                            .offset(offset)
                             .build()
                             .user_data(((slot as u64) << 32) | k as u64);
                     if self.push(&sqe) {
                         left += 1;
                         held.push(d);
                     } else {
-                        ok[k] = d.read_at(r.dev_offset, dst).is_ok();
+                        ok[k] = d.read_at(offset, dst).is_ok();
                     }
                 }
-                _ => ok[k] = d.read_at(r.dev_offset, dst).is_ok(),
+                _ => ok[k] = d.read_at(offset, dst).is_ok(),
             }
         }
         let p = Pending {
@@ -484,7 +509,7 @@ impl ReadQueue {
             let p = self.slots[slot]
                 .as_mut()
                 .expect("a completion of a pending read");
-            let want = p.plan.runs[k].blocks * BLOCK;
+            let want = p.plan.read_len(k);
             // A short read or an error: the block checks fail and the one-block way retries.
             p.ok[k] = res >= 0 && res as usize == want;
             p.left -= 1;

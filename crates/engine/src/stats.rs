@@ -119,7 +119,7 @@ counters! {
     read_errors,
     /// Drive write errors.
     write_errors,
-    /// Chunks rebuilt by erasure decoding.
+    /// Chunks, or the spans of them a degraded read needed, rebuilt by erasure decoding.
     reconstructed_chunks,
     /// Live blocks found that no parity could recover (by reads and scrubs).
     unrecoverable_blocks,

@@ -476,7 +476,7 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("crc_errors", "Chunks or blocks whose CRC32C did not match (treated as erasures)."),
     ("read_errors", "Drive read errors (treated as erasures)."),
     ("write_errors", "Drive write errors."),
-    ("reconstructed_chunks", "Chunks rebuilt by erasure decoding."),
+    ("reconstructed_chunks", "Chunks, or the spans of them a read needed, rebuilt by erasure decoding."),
     ("unrecoverable_blocks", "Live blocks that no parity could recover (found by reads and scrubs)."),
     ("repaired_segments", "Segments whose live data was moved to repair chunks that failed their CRC or read."),
     ("gc_relocated_bytes", "Bytes of live data the cleaner (and rebuilds) moved."),
