@@ -80,8 +80,8 @@ impl RebuildPlan {
         self.spans.is_empty()
     }
 
-    /// The buffer each read lands in, in `reads` order.
-    pub(crate) fn targets(&mut self) -> Vec<&mut [u8]> {
+    /// Each read's drive, offset and the buffer it lands in, in `reads` order.
+    pub(crate) fn targets(&mut self) -> Vec<(&DriveRef, u64, &mut [u8])> {
         let RebuildPlan { spans, reads, .. } = self;
         let mut bufs: Vec<Vec<Option<&mut AlignedBuf>>> = spans
             .iter_mut()
@@ -91,13 +91,35 @@ impl RebuildPlan {
             .iter()
             .map(|r| {
                 let b = bufs[r.span][r.chunk].take().expect("one read per chunk");
-                &mut b[..r.len]
+                (&r.drive, r.offset, &mut b[..r.len])
             })
             .collect()
     }
 }
 
 impl Inner {
+    /// The block at `at` of a request (block `lba`, map entry `raw`) if it is stored on a
+    /// drive out of service.
+    pub(crate) fn lost_block(&self, at: (usize, usize), lba: u64, raw: u64) -> Option<LostBlock> {
+        match Entry::decode(raw)? {
+            entry @ Entry::Media { drive, .. }
+                if self
+                    .drives
+                    .get(drive as usize)
+                    .and_then(|s| s.usable())
+                    .is_none() =>
+            {
+                Some(LostBlock {
+                    at,
+                    lba,
+                    raw,
+                    entry,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Plans the rebuild of `lost`: finds each block's stripe (a cached scan of its segment),
     /// merges the blocks of one chunk that touch into a span, and picks each span's sources:
     /// `w` other chunks, data first, on drives in service. Returns the plan and the blocks it
@@ -344,13 +366,10 @@ impl Inner {
 
 /// Runs a plan's source reads as one batch; whether each succeeded, in `reads` order.
 fn run_reads(plan: &mut RebuildPlan) -> Vec<bool> {
-    let drives: Vec<DriveRef> = plan.reads.iter().map(|r| r.drive.clone()).collect();
-    let offsets: Vec<u64> = plan.reads.iter().map(|r| r.offset).collect();
     let mut items: Vec<BatchItem<'_>> = plan
         .targets()
         .into_iter()
-        .zip(drives.iter().zip(&offsets))
-        .map(|(buf, (d, &off))| BatchItem::read(&**d, off, buf))
+        .map(|(d, off, buf)| BatchItem::read(&**d, off, buf))
         .collect();
     batch::run(&mut items).iter().map(|r| r.is_ok()).collect()
 }

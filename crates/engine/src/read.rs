@@ -13,7 +13,7 @@
 
 use crate::compress;
 use crate::degraded_read::{LostBlock, RebuildPlan};
-use crate::drive::{batch, BatchItem, DriveRef};
+use crate::drive::{batch, BatchItem};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::Entry;
@@ -123,15 +123,8 @@ impl Inner {
             }
             // The rebuild's source reads in the same batch.
             let nruns = plan.runs.len();
-            let sources: Vec<(DriveRef, u64)> = plan
-                .rebuild
-                .reads
-                .iter()
-                .map(|r| (r.drive.clone(), r.offset))
-                .collect();
-            for (k, (buf, (d, off))) in plan.rebuild.targets().into_iter().zip(&sources).enumerate()
-            {
-                items.push(BatchItem::read(&**d, *off, buf));
+            for (k, (d, off, buf)) in plan.rebuild.targets().into_iter().enumerate() {
+                items.push(BatchItem::read(&**d, off, buf));
                 which.push(nruns + k);
             }
             for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
@@ -185,21 +178,10 @@ impl Inner {
                             }),
                         }
                     }
-                    Some(entry @ Entry::Media { drive, .. })
-                        if self
-                            .drives
-                            .get(drive as usize)
-                            .and_then(|s| s.usable())
-                            .is_none() =>
-                    {
-                        lost.push(LostBlock {
-                            at: (ri, i),
-                            lba: lba + i as u64,
-                            raw,
-                            entry,
-                        })
-                    }
-                    _ => one_by_one.push((ri, i)),
+                    _ => match self.lost_block((ri, i), lba + i as u64, raw) {
+                        Some(l) => lost.push(l),
+                        None => one_by_one.push((ri, i)),
+                    },
                 }
             }
             seen.push(raws);
@@ -238,8 +220,11 @@ impl Inner {
             rebuild,
         } = plan;
         let (ok, rebuild_ok) = ok.split_at(runs.len());
+        // Blocks the planned rebuild did not give back: the one-block way, not again below.
+        let mut not_rebuilt: HashSet<(usize, usize)> = HashSet::new();
         if !rebuild.is_empty() {
-            one_by_one.extend(self.finish_rebuild(vol, rebuild, rebuild_ok, ranges));
+            not_rebuilt.extend(self.finish_rebuild(vol, rebuild, rebuild_ok, ranges));
+            one_by_one.extend(not_rebuilt.iter().copied());
         }
         for (r, &good) in runs.iter().zip(ok) {
             let (lba, out) = &ranges[r.range];
@@ -261,30 +246,14 @@ impl Inner {
                 }
             }
         }
-        // Blocks on drives that left service after the plan (or whose rebuild above failed
-        // a read): rebuilt together now, a span of each chunk at a time.
+        // Blocks on drives that left service after the plan: rebuilt together now, a span of
+        // each chunk at a time.
         let lost: Vec<LostBlock> = one_by_one
             .iter()
+            .filter(|at| !not_rebuilt.contains(at))
             .filter_map(|&(ri, i)| {
                 let lba = ranges[ri].0 + i as u64;
-                let raw = vol.map.get(lba);
-                match Entry::decode(raw) {
-                    Some(entry @ Entry::Media { drive, .. })
-                        if self
-                            .drives
-                            .get(drive as usize)
-                            .and_then(|s| s.usable())
-                            .is_none() =>
-                    {
-                        Some(LostBlock {
-                            at: (ri, i),
-                            lba,
-                            raw,
-                            entry,
-                        })
-                    }
-                    _ => None,
-                }
+                self.lost_block((ri, i), lba, vol.map.get(lba))
             })
             .collect();
         if !lost.is_empty() {

@@ -299,14 +299,8 @@ impl ReadQueue {
                 dst,
             ));
         }
-        let sources: Vec<(DriveRef, u64)> = plan
-            .rebuild
-            .reads
-            .iter()
-            .map(|r| (r.drive.clone(), r.offset))
-            .collect();
-        for ((d, off), dst) in sources.into_iter().zip(plan.rebuild.targets()) {
-            reads.push((Some(d), off, dst));
+        for (d, off, dst) in plan.rebuild.targets() {
+            reads.push((Some(d.clone()), off, dst));
         }
         for (k, (d, offset, dst)) in reads.into_iter().enumerate() {
             // A drive that went out of service since the plan: its blocks go the one-block way.
