@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use flashpool_engine::drive::{Drive, DriveRef, FaultDrive, MemDrive};
+use flashpool_engine::drive::{Drive, DriveRef, FaultDrive, FaultSwitch, MemDrive};
 use flashpool_engine::{Compression, Pool};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -96,6 +96,21 @@ fn verify_large(pool: &Pool, expect: &HashMap<u64, u64>, what: &str) {
     }
 }
 
+/// `n` memory drives under fault-injecting wrappers: the drives, the wrappers, their switches.
+fn fault_drives(n: usize) -> (Vec<Arc<MemDrive>>, Vec<DriveRef>, Vec<Arc<FaultSwitch>>) {
+    let mems = mem_drives(n, false);
+    let mut switches = vec![];
+    let drives = mems
+        .iter()
+        .map(|d| {
+            let (f, s) = FaultDrive::new(d.clone() as DriveRef);
+            switches.push(s);
+            f as DriveRef
+        })
+        .collect();
+    (mems, drives, switches)
+}
+
 fn copies(drives: &[Arc<MemDrive>]) -> Vec<Arc<MemDrive>> {
     drives
         .iter()
@@ -159,16 +174,7 @@ fn every_missing_drive_and_every_pair() {
 #[test]
 fn failing_and_corrupting_drives_are_erasures() {
     for bad in 0..5 {
-        let mems = mem_drives(5, false);
-        let mut switches = vec![];
-        let drives: Vec<DriveRef> = mems
-            .iter()
-            .map(|d| {
-                let (f, s) = FaultDrive::new(d.clone() as DriveRef);
-                switches.push(s);
-                f as DriveRef
-            })
-            .collect();
+        let (mems, drives, switches) = fault_drives(5);
         let pool = Pool::create(drives, &small_config(4, 1)).unwrap();
         let expect = fill(&pool);
         switches[bad].corrupt_reads.store(true, Ordering::SeqCst);
@@ -205,16 +211,7 @@ fn a_lost_drive_and_a_lying_one_with_two_parities() {
         (2, 4, Compression::Off),
         (3, 0, Compression::Lz4),
     ] {
-        let mems = mem_drives(5, false);
-        let mut switches = vec![];
-        let drives: Vec<DriveRef> = mems
-            .iter()
-            .map(|d| {
-                let (f, s) = FaultDrive::new(d.clone() as DriveRef);
-                switches.push(s);
-                f as DriveRef
-            })
-            .collect();
+        let (_, drives, switches) = fault_drives(5);
         let pool = Pool::create(drives, &small_config(3, 2)).unwrap();
         let expect = fill_with(&pool, compression);
         pool.fail_drive(lost).unwrap();

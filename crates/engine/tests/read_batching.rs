@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, MemDrive};
-use flashpool_engine::{Compression, Pool, PoolConfig};
+use flashpool_engine::{Compression, Pool, PoolConfig, Volume};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,24 +62,34 @@ fn chunks_of_128k() -> PoolConfig {
     }
 }
 
-fn check_one_read_per_chunk(drives: Vec<Arc<Counting>>) {
-    let pool = Pool::create(as_refs(&drives), &chunks_of_128k()).unwrap();
+/// A pool of 128 KiB chunks on `drives` with 4 MiB of noise from `seed` written in 1 MiB
+/// writes (one after another: contiguous in the log) and flushed.
+fn pool_with_4mib(drives: &[Arc<Counting>], seed: u64) -> (Pool, Volume, Vec<u8>) {
+    let pool = Pool::create(as_refs(drives), &chunks_of_128k()).unwrap();
     pool.create_volume_with("v", 8 << 20, Compression::Off)
         .unwrap();
     let v = pool.volume("v").unwrap();
-    let data = noise(4 << 20, 7);
+    let data = noise(4 << 20, seed);
     for (i, c) in data.chunks(1 << 20).enumerate() {
         v.write((i as u64) << 20, c).unwrap();
     }
     v.flush().unwrap();
-    let count = || -> (u64, u64) {
-        drives.iter().fold((0, 0), |(r, b), d| {
-            (
-                r + d.reads.load(Ordering::Relaxed),
-                b + d.bytes.load(Ordering::Relaxed),
-            )
-        })
-    };
+    (pool, v, data)
+}
+
+/// Reads and bytes read so far, all drives together.
+fn count(drives: &[Arc<Counting>]) -> (u64, u64) {
+    drives.iter().fold((0, 0), |(r, b), d| {
+        (
+            r + d.reads.load(Ordering::Relaxed),
+            b + d.bytes.load(Ordering::Relaxed),
+        )
+    })
+}
+
+fn check_one_read_per_chunk(drives: Vec<Arc<Counting>>) {
+    let (_pool, v, data) = pool_with_4mib(&drives, 7);
+    let count = || count(&drives);
     let (r0, b0) = count();
     let mut out = vec![0u8; 1 << 20];
     v.read(1 << 20, &mut out).unwrap();
@@ -215,29 +225,14 @@ fn concurrent_1mib_writes_stay_contiguous() {
 #[test]
 fn a_degraded_read_rebuilds_from_the_same_bytes_of_the_other_chunks() {
     let drives = counting(as_refs(&mem_drives(5, false)));
-    let pool = Pool::create(as_refs(&drives), &chunks_of_128k()).unwrap();
-    pool.create_volume_with("v", 8 << 20, Compression::Off)
-        .unwrap();
-    let v = pool.volume("v").unwrap();
-    let data = noise(4 << 20, 11);
-    for (i, c) in data.chunks(1 << 20).enumerate() {
-        v.write((i as u64) << 20, c).unwrap();
-    }
-    v.flush().unwrap();
+    let (pool, v, data) = pool_with_4mib(&drives, 11);
     pool.fail_drive(2).unwrap();
     // The first rebuild in a segment scans its chunk headers to find the stripes (cached
     // after): read everything once before counting.
     let mut all = vec![0u8; 4 << 20];
     v.read(0, &mut all).unwrap();
     assert!(all == data, "the degraded volume read back wrong");
-    let count = || -> (u64, u64) {
-        drives.iter().fold((0, 0), |(r, b), d| {
-            (
-                r + d.reads.load(Ordering::Relaxed),
-                b + d.bytes.load(Ordering::Relaxed),
-            )
-        })
-    };
+    let count = || count(&drives);
     let w = 4u64;
     for mib in 0..4u64 {
         let (r0, b0) = count();
