@@ -138,16 +138,11 @@ impl Inner {
                 continue;
             };
             let d = drive as usize;
-            let covers = |s: &StripeDesc| {
-                s.chunks[..s.w].iter().position(|c| {
-                    c.drive as usize == d && c.data_offset() <= offset && offset < c.end()
-                })
-            };
             let found = plan
                 .stripes
                 .iter()
                 .enumerate()
-                .find_map(|(k, s)| covers(s).map(|j| (k, j)));
+                .find_map(|(k, s)| s.data_chunk_covering(d, offset).map(|j| (k, j)));
             let (k, j) = match found {
                 Some(kj) => kj,
                 None => match self.find_stripe(d, offset) {
@@ -252,16 +247,7 @@ impl Inner {
         ok: &[bool],
         ranges: &mut [(u64, &mut [u8])],
     ) -> Vec<(usize, usize)> {
-        debug_assert_eq!(ok.len(), plan.reads.len());
-        let mut failed = vec![false; plan.spans.len()];
-        for (r, &good) in plan.reads.iter().zip(ok) {
-            if good {
-                Stats::add(&self.stats.media_read_bytes, r.len as u64);
-            } else {
-                Stats::add(&self.stats.read_errors, 1);
-                failed[r.span] = true;
-            }
-        }
+        let failed = self.tally_reads(&plan, ok);
         let mut undone = Vec::new();
         for (mut sp, failed) in plan.spans.into_iter().zip(failed) {
             let s = &plan.stripes[sp.stripe];
@@ -295,6 +281,23 @@ impl Inner {
             }
         }
         undone
+    }
+
+    /// Counts the plan's source reads (`ok[r]`: read `r` succeeded) as bytes read or read
+    /// errors; returns, per span, whether one of its reads failed.
+    fn tally_reads(&self, plan: &RebuildPlan, ok: &[bool]) -> Vec<bool> {
+        debug_assert_eq!(ok.len(), plan.reads.len());
+        let mut failed = vec![false; plan.spans.len()];
+        for (r, &good) in plan.reads.iter().zip(ok) {
+            if good {
+                Stats::add(&self.stats.media_read_bytes, r.len as u64);
+            } else {
+                Stats::add(&self.stats.read_errors, 1);
+                tracing::warn!(offset = r.offset, "read error while rebuilding lost blocks");
+                failed[r.span] = true;
+            }
+        }
+        failed
     }
 
     /// Erasure-decodes a span whose sources are in: its chunk's bytes land in
@@ -344,20 +347,13 @@ impl Inner {
         };
         self.plan_span(&mut plan, 0, j, start, end, Vec::new());
         let ok = run_reads(&mut plan);
-        if plan.spans[0].short || ok.iter().any(|g| !g) {
-            for (r, &good) in plan.reads.iter().zip(&ok) {
-                if !good {
-                    Stats::add(&self.stats.read_errors, 1);
-                    tracing::warn!(offset = r.offset, "read error while rebuilding a block");
-                }
-            }
+        let failed = self.tally_reads(&plan, &ok);
+        if plan.spans[0].short || failed[0] {
             return Err(Error::Unavailable(format!(
                 "stripe {}: too few chunks readable to rebuild chunk {j}",
                 s.seq
             )));
         }
-        let read: usize = plan.reads.iter().map(|r| r.len).sum();
-        Stats::add(&self.stats.media_read_bytes, read as u64);
         let sp = &mut plan.spans[0];
         self.decode_span(sp)?;
         Ok(sp.shards[j][at - start..at - start + len].to_vec())

@@ -13,7 +13,7 @@
 
 use crate::compress;
 use crate::degraded_read::{LostBlock, RebuildPlan};
-use crate::drive::{batch, BatchItem};
+use crate::drive::{batch, BatchItem, DriveRef};
 use crate::error::{Error, Result};
 use crate::format::BLOCK;
 use crate::map::Entry;
@@ -61,6 +61,37 @@ impl ReadPlan {
         self.runs.len() + self.rebuild.reads.len()
     }
 
+    /// Every drive read of the plan, in [`ReadPlan::reads`] order: each run into its part of
+    /// its range's buffer (`outs`, one per range), then the rebuild's source reads into the
+    /// plan's own buffers. A run whose drive went out of service since the plan has no drive
+    /// (its blocks go the one-block way at the finish).
+    pub(crate) fn drive_reads<'a>(
+        &'a mut self,
+        pool: &Inner,
+        outs: Vec<&'a mut [u8]>,
+    ) -> Vec<(Option<DriveRef>, u64, &'a mut [u8])> {
+        debug_assert_eq!(outs.len(), self.seen.len());
+        let mut reads = Vec::with_capacity(self.reads());
+        let mut runs = self.runs.iter().peekable();
+        // Runs are in range and block order, and disjoint.
+        for (ri, out) in outs.into_iter().enumerate() {
+            let mut rest = out;
+            let mut at = 0usize;
+            while let Some(r) = runs.next_if(|r| r.range == ri) {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
+                let (mine, tail) = tail.split_at_mut(r.blocks * BLOCK);
+                rest = tail;
+                at = (r.first + r.blocks) * BLOCK;
+                reads.push((pool.drives[r.drive].usable().cloned(), r.dev_offset, mine));
+            }
+        }
+        debug_assert!(runs.next().is_none(), "every run in a range");
+        for (d, off, buf) in self.rebuild.targets() {
+            reads.push((Some(d.clone()), off, buf));
+        }
+        reads
+    }
+
     /// Bytes of drive read `k` (in [`ReadPlan::reads`] order).
     pub(crate) fn read_len(&self, k: usize) -> usize {
         match self.runs.get(k) {
@@ -93,39 +124,15 @@ impl Inner {
         let mut plan = self.plan_ranges(vol, &shape);
         let mut ok = vec![false; plan.reads()];
         if plan.reads() > 0 {
-            let drives: Vec<_> = plan
-                .runs
-                .iter()
-                .map(|r| self.drives[r.drive].usable().cloned())
-                .collect();
-            // Hand each run its own part of its range's buffer (runs are in range and
-            // block order, and disjoint).
-            let mut items = Vec::with_capacity(plan.runs.len());
-            let mut which = Vec::with_capacity(plan.runs.len());
-            let mut k = 0;
-            for (ri, (_, out)) in ranges.iter_mut().enumerate() {
-                let mut rest: &mut [u8] = out;
-                let mut at = 0usize;
-                while k < plan.runs.len() && plan.runs[k].range == ri {
-                    let r = &plan.runs[k];
-                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
-                    let (mine, tail) = tail.split_at_mut(r.blocks * BLOCK);
-                    rest = tail;
-                    at = (r.first + r.blocks) * BLOCK;
-                    // A drive that went out of service meanwhile: its blocks go the
-                    // one-block way.
-                    if let Some(d) = &drives[k] {
-                        items.push(BatchItem::read(&**d, r.dev_offset, mine));
-                        which.push(k);
-                    }
-                    k += 1;
+            let outs: Vec<&mut [u8]> = ranges.iter_mut().map(|(_, out)| &mut **out).collect();
+            let mut reads = plan.drive_reads(self, outs);
+            let mut items = Vec::with_capacity(reads.len());
+            let mut which = Vec::with_capacity(reads.len());
+            for (k, (d, off, buf)) in reads.iter_mut().enumerate() {
+                if let Some(d) = d {
+                    items.push(BatchItem::read(&**d, *off, buf));
+                    which.push(k);
                 }
-            }
-            // The rebuild's source reads in the same batch.
-            let nruns = plan.runs.len();
-            for (k, (d, off, buf)) in plan.rebuild.targets().into_iter().enumerate() {
-                items.push(BatchItem::read(&**d, off, buf));
-                which.push(nruns + k);
             }
             for (k, res) in which.into_iter().zip(batch::run(&mut items)) {
                 ok[k] = res.is_ok();

@@ -285,23 +285,7 @@ impl ReadQueue {
         let mut held: Vec<DriveRef> = Vec::new();
         // The runs into the request's buffer, then the rebuild's source reads (blocks on a
         // drive out of service) into the plan's own: `ok` and user data in that order.
-        let mut reads: Vec<(Option<DriveRef>, u64, &mut [u8])> = Vec::with_capacity(plan.reads());
-        let mut rest: &mut [u8] = &mut buf[..];
-        let mut at = 0usize;
-        for r in &plan.runs {
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.first * BLOCK - at);
-            let (dst, tail) = tail.split_at_mut(r.blocks * BLOCK);
-            rest = tail;
-            at = (r.first + r.blocks) * BLOCK;
-            reads.push((
-                vol.pool.drives[r.drive].usable().cloned(),
-                r.dev_offset,
-                dst,
-            ));
-        }
-        for (d, off, dst) in plan.rebuild.targets() {
-            reads.push((Some(d.clone()), off, dst));
-        }
+        let reads = plan.drive_reads(&vol.pool, vec![&mut buf[..]]);
         for (k, (d, offset, dst)) in reads.into_iter().enumerate() {
             // A drive that went out of service since the plan: its blocks go the one-block way.
             let Some(d) = d else {

@@ -30,6 +30,13 @@ pub struct StripeDesc {
 }
 
 impl StripeDesc {
+    /// Which of its data chunks lies on drive `d` over byte `off` of it, if one does.
+    pub(crate) fn data_chunk_covering(&self, d: usize, off: u64) -> Option<usize> {
+        self.chunks[..self.w]
+            .iter()
+            .position(|c| c.drive as usize == d && c.data_offset() <= off && off < c.end())
+    }
+
     fn from_header(h: ChunkHeader) -> Self {
         StripeDesc {
             seq: h.seq,
@@ -195,14 +202,7 @@ impl Inner {
                 .iter()
                 .rev()
                 .filter(|s| s.kind == StripeKind::Data)
-                .find_map(|s| {
-                    s.chunks[..s.w]
-                        .iter()
-                        .position(|c| {
-                            c.drive as usize == d && c.data_offset() <= off && off < c.end()
-                        })
-                        .map(|j| (s.clone(), j))
-                });
+                .find_map(|s| s.data_chunk_covering(d, off).map(|j| (s.clone(), j)));
             if let Some(h) = hit {
                 return Ok(h);
             }
