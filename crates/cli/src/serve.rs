@@ -588,6 +588,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Segments the cleaner thread indexes for degraded reads per turn (each a scan of its chunk
+/// headers, tens of milliseconds on a disk), so a turn stays short.
+const DEGRADED_INDEX_PER_TURN: usize = 4;
+
 /// Background cleaning: while fewer segments are free than the high watermark, the cleaner
 /// runs here, so host writes rarely meet the foreground watermark (where they clean first).
 fn spawn_cleaner(
@@ -606,6 +610,8 @@ fn spawn_cleaner(
             let mut retry_at: Option<std::time::Instant> = None;
             let mut backoff = std::time::Duration::from_secs(10);
             let mut last_sample: Option<std::time::Instant> = None;
+            // Segments indexed for degraded reads since a member went out of service.
+            let mut indexed: Option<(usize, std::time::Instant)> = None;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 if last_sample.is_none_or(|t| t.elapsed().as_secs() >= 10) {
                     window.sample(pool.stats());
@@ -616,6 +622,26 @@ fn spawn_cleaner(
                 }
                 if let Err(e) = pool.sync_member_states() {
                     tracing::error!(error = %e, "cannot record a member's state in the superblocks");
+                }
+                if pool.needs_rebuild() {
+                    // Find the stripes of the lost member's segments now, a few per turn, so
+                    // degraded reads do not scan chunk headers inside the read.
+                    let n = pool.prepare_degraded_reads(DEGRADED_INDEX_PER_TURN);
+                    let (total, since) =
+                        indexed.get_or_insert_with(|| (0, std::time::Instant::now()));
+                    if n > 0 {
+                        *total += n;
+                    } else if *total > 0 {
+                        tracing::info!(
+                            segments = *total,
+                            secs = since.elapsed().as_secs_f64(),
+                            "stripes of the lost member's segments indexed for degraded reads"
+                        );
+                        *total = 0;
+                        *since = std::time::Instant::now();
+                    }
+                } else {
+                    indexed = None;
                 }
                 let now = std::time::Instant::now();
                 if !pool.needs_rebuild() {

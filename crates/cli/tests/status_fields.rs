@@ -967,12 +967,36 @@ fn drive_fail_restart_rebuild_and_add() {
     );
     assert!(line(&text, "protection: ").contains("no further failure tolerated"));
 
-    // Reads of the data reconstruct what was on the failed member.
+    // The server indexes the failed member's stripes in the background (a scan of the
+    // chunk headers of its segments): wait until the drives are quiet.
+    let media_read = || u(&status(&data)["counters"]["media_read_bytes"]);
+    let mut quiet = (media_read(), 0);
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let now = media_read();
+        quiet = if now == quiet.0 {
+            (now, quiet.1 + 1)
+        } else {
+            (now, 0)
+        };
+        if quiet.1 == 3 {
+            break;
+        }
+    }
+    assert_eq!(quiet.1, 3, "the drives never went quiet");
+    // Reads of the data reconstruct what was on the failed member, each lost block from
+    // the same bytes of the stripe's other data chunks: no chunk header read in the reads.
     let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert!(c.read_all(0, raw_len) == raw_data, "degraded read differs");
     c.disconnect();
     let v = status(&data);
     let cn = &v["counters"];
+    let lost = u(&cn["degraded_reads"]) * 4096;
+    assert_eq!(
+        u(&cn["media_read_bytes"]) - quiet.0,
+        raw_len as u64 - lost + K * lost,
+        "{cn:#}"
+    );
     assert_eq!(u(&cn["host_read_bytes"]), raw_len as u64, "{cn:#}");
     assert!(u(&cn["degraded_reads"]) > 0, "{cn:#}");
     assert!(u(&cn["reconstructed_chunks"]) > 0, "{cn:#}");

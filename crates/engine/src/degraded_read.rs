@@ -9,7 +9,10 @@
 //! by `Inner::plan_ranges`): its source reads go out with the request's other drive reads, in
 //! one batch or on a read queue's ring, and [`Inner::finish_rebuild`] decodes the spans once
 //! they are in. So a degraded read waits for one round of drive reads, like a healthy one,
-//! and a reactor never blocks on it.
+//! and a reactor never blocks on it. A block's stripe is found in the stripe index
+//! (`stripe_index.rs`: a scan of its segment's chunk headers, kept), which
+//! [`crate::Pool::prepare_degraded_reads`] fills ahead of the reads while a member is out of
+//! service, so the first degraded read of a segment does not scan inside the read either.
 //!
 //! No chunk CRC covers part of a chunk: each rebuilt block is checked against the CRC tag in
 //! its map entry, and a block that fails goes the one-block way, whose last resort is the
@@ -94,6 +97,57 @@ impl RebuildPlan {
                 (&r.drive, r.offset, &mut b[..r.len])
             })
             .collect()
+    }
+}
+
+impl crate::Pool {
+    /// While a member is out of service: finds the stripes of up to `max_segments` segments
+    /// that may hold its chunks and that the stripe index lacks, so the first degraded read
+    /// in each needs no scan of chunk headers (which would otherwise run inside that read, on
+    /// the thread serving it: a reactor's other connections would wait for it). Stops early
+    /// when the index is full. Returns the segments scanned: 0 once there is nothing left to
+    /// do (or no member is out of service). A server calls it in the background, a few
+    /// segments at a time, until it returns 0.
+    pub fn prepare_degraded_reads(&self, max_segments: usize) -> usize {
+        self.inner.index_lost_stripes(max_segments)
+    }
+}
+
+impl Inner {
+    /// See [`crate::Pool::prepare_degraded_reads`].
+    pub(crate) fn index_lost_stripes(&self, max_segments: usize) -> usize {
+        let lost = self.lost_mask();
+        if lost == 0 {
+            return 0;
+        }
+        let candidates: Vec<u32> = {
+            let w = self.writer.lock();
+            (0..w.segs.states.len())
+                .filter(|&s| w.segs.states[s].holds_data() && w.segs.drives_used[s] & lost != 0)
+                .map(|s| s as u32)
+                .collect()
+        };
+        let mut scanned = 0;
+        for seg in candidates {
+            if scanned == max_segments {
+                break;
+            }
+            {
+                let index = self.seg_index.lock();
+                if !index.has_room() {
+                    break;
+                }
+                if index.contains(seg) {
+                    continue;
+                }
+            }
+            // As a read's own scan would (`find_stripe`): a segment reused meanwhile leaves a
+            // stale entry, which the read path checks and rescans.
+            let found = std::sync::Arc::new(self.scan_segment(seg, false).into_values().collect());
+            self.seg_index.lock().insert(seg, found);
+            scanned += 1;
+        }
+        scanned
     }
 }
 

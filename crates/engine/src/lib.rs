@@ -38,6 +38,7 @@ mod scrub;
 mod stamp;
 pub mod stats;
 pub mod stripe;
+mod stripe_index;
 mod stripe_writer;
 mod volume;
 mod write;

@@ -12,9 +12,9 @@ use crate::format::superblock::{
 };
 use crate::layout::{SegState, SegmentTable};
 use crate::map::BlockMap;
-use crate::scan::StripeDesc;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
+use crate::stripe_index::{StripeIndex, STRIPE_INDEX_CAP};
 use crate::volume::{Volume, VolumeInfo};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -308,7 +308,7 @@ pub(crate) struct Inner {
     pub sb: Mutex<SbState>,
     pub block_locks: Vec<Mutex<()>>,
     pub cp_lock: Mutex<()>,
-    pub seg_index: Mutex<HashMap<u32, Arc<Vec<StripeDesc>>>>,
+    pub seg_index: Mutex<StripeIndex>,
     pub checkpoint_interval: u64,
     pub closed: AtomicBool,
     pub gc_lock: Mutex<()>,
@@ -486,7 +486,7 @@ impl Inner {
             sb: Mutex::new(sb),
             block_locks: (0..256).map(|_| Mutex::new(())).collect(),
             cp_lock: Mutex::new(()),
-            seg_index: Mutex::new(HashMap::new()),
+            seg_index: Mutex::new(StripeIndex::new(STRIPE_INDEX_CAP)),
             checkpoint_interval,
             closed: AtomicBool::new(false),
             gc_lock: Mutex::new(()),

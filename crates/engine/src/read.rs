@@ -397,7 +397,7 @@ impl Inner {
         for rescan in [false, true] {
             if rescan {
                 let seg = crate::layout::SegmentTable::segment_of(&self.geo, offset);
-                self.seg_index.lock().remove(&seg);
+                self.seg_index.lock().remove(seg);
             }
             let (desc, j) = self.find_stripe(d, offset)?;
             if in_service {

@@ -57,7 +57,7 @@ impl RebuildStatus {
 
 impl Inner {
     /// Drives out of service whose data is not rebuilt yet.
-    fn lost_mask(&self) -> u64 {
+    pub(crate) fn lost_mask(&self) -> u64 {
         self.drives
             .iter()
             .enumerate()

@@ -188,7 +188,7 @@ impl Inner {
     pub(crate) fn find_stripe(&self, d: usize, off: u64) -> Result<(StripeDesc, usize)> {
         let seg = SegmentTable::segment_of(&self.geo, off);
         for rescan in [false, true] {
-            let cached = self.seg_index.lock().get(&seg).cloned();
+            let cached = self.seg_index.lock().get(seg);
             let index = match cached {
                 Some(i) if !rescan => i,
                 _ => {

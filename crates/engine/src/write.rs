@@ -44,7 +44,7 @@ impl Inner {
         )?;
         if plan.fresh {
             // The segment held other stripes before: a cached scan of it is stale.
-            self.seg_index.lock().remove(&plan.segment);
+            self.seg_index.lock().remove(plan.segment);
             self.written_slots[plan.segment as usize].store(0, Ordering::Relaxed);
             self.update_live_limit(w);
         }

@@ -271,3 +271,41 @@ fn a_degraded_read_rebuilds_from_the_same_bytes_of_the_other_chunks() {
     assert_eq!(r1 - r0, 256 - lost + w * lost);
     assert_eq!(b1 - b0, (256 - lost + w * lost) * 4096);
 }
+
+/// With the lost member's segments indexed beforehand (`prepare_degraded_reads`, which a
+/// server runs in the background), the very first degraded read of each segment costs only
+/// its rebuild's source reads: no chunk header is read inside the read.
+#[test]
+fn prepared_degraded_reads_scan_nothing_inside_the_read() {
+    let drives = counting(as_refs(&mem_drives(5, false)));
+    let (pool, v, data) = pool_with_4mib(&drives, 13);
+    assert_eq!(
+        pool.prepare_degraded_reads(8),
+        0,
+        "nothing to do while healthy"
+    );
+    pool.fail_drive(2).unwrap();
+    // The 4 MiB lie in three segments of 2 MiB at most (data, then a checkpoint's).
+    let mut scanned = 0;
+    for _ in 0..8 {
+        let n = pool.prepare_degraded_reads(1);
+        assert!(n <= 1, "at most the segments asked for");
+        scanned += n;
+    }
+    assert!((1..=4).contains(&scanned), "{scanned} segments scanned");
+    assert_eq!(
+        pool.prepare_degraded_reads(8),
+        0,
+        "every segment indexed already"
+    );
+    let (r0, b0) = count(&drives);
+    let lost0 = pool.stats().degraded_reads;
+    let mut all = vec![0u8; 4 << 20];
+    v.read(0, &mut all).unwrap();
+    assert!(all == data, "the degraded volume read back wrong");
+    let (r1, b1) = count(&drives);
+    let lost = (pool.stats().degraded_reads - lost0) * 4096;
+    assert!(lost > 0);
+    // The survivors once and w = 4 times the lost bytes: nothing else, no header.
+    assert_eq!(b1 - b0, (4 << 20) - lost + 4 * lost, "{} reads", r1 - r0);
+}
