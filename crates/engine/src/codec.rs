@@ -67,10 +67,35 @@ impl ErasureCode for NoParity {
 /// Single parity: P = XOR of the data chunks.
 pub struct XorParity;
 
-fn xor_into(dst: &mut [u8], src: &[u8]) {
-    debug_assert_eq!(dst.len(), src.len());
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d ^= *s;
+/// Bytes `xor_of` combines at a time: a few vector registers' worth, held while every source
+/// is folded in, so each source is read once and `dst` written once (XOR-ing the sources into
+/// `dst` one after another reads and writes `dst` once per source: twice the memory traffic,
+/// and half the speed, for a 4+1 stripe).
+const XOR_LANE: usize = 64;
+
+/// `dst` = the XOR of `srcs` (each as long as `dst`; none: zeros).
+fn xor_of(dst: &mut [u8], srcs: &[&[u8]]) {
+    debug_assert!(srcs.iter().all(|s| s.len() == dst.len()));
+    let Some((first, rest)) = srcs.split_first() else {
+        dst.fill(0);
+        return;
+    };
+    let whole = dst.len() - dst.len() % XOR_LANE;
+    for (off, out) in (0..whole)
+        .step_by(XOR_LANE)
+        .zip(dst[..whole].chunks_exact_mut(XOR_LANE))
+    {
+        let mut acc = [0u8; XOR_LANE];
+        acc.copy_from_slice(&first[off..off + XOR_LANE]);
+        for s in rest {
+            for (a, b) in acc.iter_mut().zip(&s[off..off + XOR_LANE]) {
+                *a ^= *b;
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
+    for (i, out) in dst.iter_mut().enumerate().skip(whole) {
+        *out = srcs.iter().fold(0, |a, s| a ^ s[i]);
     }
 }
 
@@ -80,11 +105,7 @@ impl ErasureCode for XorParity {
     }
 
     fn encode(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
-        let p = &mut *parity[0];
-        p.copy_from_slice(data[0]);
-        for d in &data[1..] {
-            xor_into(p, d);
-        }
+        xor_of(parity[0], data);
         Ok(())
     }
 
@@ -95,10 +116,8 @@ impl ErasureCode for XorParity {
             [lost] => {
                 let (left, rest) = shards.split_at_mut(lost);
                 let (target, right) = rest.split_first_mut().expect("lost index in range");
-                target.fill(0);
-                for s in left.iter().chain(right.iter()) {
-                    xor_into(target, s);
-                }
+                let others: Vec<&[u8]> = left.iter().chain(right.iter()).map(|s| &**s).collect();
+                xor_of(target, &others);
                 Ok(())
             }
             _ => Err(too_many_lost(missing.len(), 1)),
@@ -251,6 +270,25 @@ mod tests {
     }
 
     /// XOR parity is what the textbook says.
+    #[test]
+    /// Every length around the lane size, every width: the one-pass XOR is the bytewise
+    /// XOR of its sources.
+    #[test]
+    fn xor_of_is_the_bytewise_xor_for_any_length_and_width() {
+        for len in [0, 1, 31, 63, 64, 65, 127, 128, 200, 4096, 4097] {
+            for w in 0..6 {
+                let srcs = pattern(w, len, (len * 7 + w) as u8);
+                let refs: Vec<&[u8]> = srcs.iter().map(|v| v.as_slice()).collect();
+                let mut out = vec![0xa5u8; len];
+                xor_of(&mut out, &refs);
+                let want: Vec<u8> = (0..len)
+                    .map(|i| srcs.iter().fold(0, |a, s| a ^ s[i]))
+                    .collect();
+                assert_eq!(out, want, "len {len}, {w} sources");
+            }
+        }
+    }
+
     #[test]
     fn xor_parity_is_xor() {
         let data = pattern(3, 64, 5);

@@ -160,6 +160,11 @@ enum Op {
     Readmit {
         pick: u64,
     },
+    /// Index the stripes of up to `max` segments of the members out of service ahead of the
+    /// reads (`Pool::prepare_degraded_reads`, what a server runs in the background).
+    PrepareDegradedReads {
+        max: usize,
+    },
 }
 
 /// The free-segment target of an explicit cleaner run.
@@ -448,6 +453,8 @@ struct Tally {
     replaces: u64,
     replace_skipped: u64,
     readmits: u64,
+    /// Segments indexed ahead of degraded reads.
+    segments_indexed: u64,
     /// Drives that are not members presented at opens, by kind, all set aside.
     strangers_foreign: u64,
     strangers_blank: u64,
@@ -1196,14 +1203,16 @@ impl World {
                 }
                 93 => Some(Op::AddDrive),
                 94 => Some(Op::Rebuild),
-                97 => Some(if self.rng.random_range(0..2) == 0 {
-                    Op::Replace {
+                97 => Some(match self.rng.random_range(0..3) {
+                    0 => Op::Replace {
                         pick: self.rng.random(),
-                    }
-                } else {
-                    Op::Readmit {
+                    },
+                    1 => Op::Readmit {
                         pick: self.rng.random(),
-                    }
+                    },
+                    _ => Op::PrepareDegradedReads {
+                        max: self.rng.random_range(1..8),
+                    },
                 }),
                 95 => self.pick_vol().map(|(name, _)| Op::SetCompression {
                     name,
@@ -1372,6 +1381,15 @@ impl World {
             Op::Rebuild => self.rebuild()?,
             Op::Replace { pick } => self.replace(*pick)?,
             Op::Readmit { pick } => self.readmit(*pick)?,
+            Op::PrepareDegradedReads { max } => {
+                let n = self.pool().prepare_degraded_reads(*max);
+                if n > *max {
+                    return fail(format!(
+                        "prepare_degraded_reads({max}) scanned {n} segments"
+                    ));
+                }
+                self.tally.segments_indexed += n as u64;
+            }
         }
         Ok(())
     }
@@ -2062,6 +2080,7 @@ impl Tally {
         self.replaces += o.replaces;
         self.replace_skipped += o.replace_skipped;
         self.readmits += o.readmits;
+        self.segments_indexed += o.segments_indexed;
         self.strangers_foreign += o.strangers_foreign;
         self.strangers_blank += o.strangers_blank;
         self.strangers_stale += o.strangers_stale;
@@ -2135,7 +2154,7 @@ fn deterministic_simulation() {
          {} checkpoints; rebuild: {} ops, {} rebuilt a lost drive \
          ({} segments), {} drives retired; compression: {} setting changes, {} blocks stored \
          compressed in {} MiB; {} ENOSPC answers on a full pool; {} drives added ({} adds skipped at \
-         k + m + 3 drives); {} replaces ({} skipped), {} re-admissions; not members presented and set aside: {} foreign, {} blank, {} stale \
+         k + m + 3 drives); {} replaces ({} skipped), {} re-admissions, {} segments indexed for degraded reads; not members presented and set aside: {} foreign, {} blank, {} stale \
          copies; {} opens under random names; {} strict seeds ended read-only by design; {} reads \
          through a read queue (io_uring {}); {} failed",
         t.seeds,
@@ -2184,6 +2203,7 @@ fn deterministic_simulation() {
         t.replaces,
         t.replace_skipped,
         t.readmits,
+        t.segments_indexed,
         t.strangers_foreign,
         t.strangers_blank,
         t.strangers_stale,
