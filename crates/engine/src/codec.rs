@@ -269,8 +269,6 @@ mod tests {
         }
     }
 
-    /// XOR parity is what the textbook says.
-    #[test]
     /// Every length around the lane size, every width: the one-pass XOR is the bytewise
     /// XOR of its sources.
     #[test]
@@ -289,6 +287,7 @@ mod tests {
         }
     }
 
+    /// XOR parity is what the textbook says.
     #[test]
     fn xor_parity_is_xor() {
         let data = pattern(3, 64, 5);
