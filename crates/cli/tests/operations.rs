@@ -10,127 +10,18 @@
 
 mod common;
 
-use common::{flashpool, s, Nbd, TempDir};
-use std::io::{BufRead, BufReader, Read, Write};
+use common::{flashpool, s, Nbd, Server, TempDir};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A temporary directory removed on drop.
-/// A `flashpool serve` in the background; SIGTERM and a clean exit on drop.
-struct Server {
-    child: Child,
-    nbd: String,
-    /// `nvme-tcp://ADDR/NQN`, with `--nvme-tcp`.
-    nvme: Option<String>,
-    metrics: Option<String>,
-    api: Option<String>,
-    log: mpsc::Receiver<String>,
-}
-
 impl Server {
-    /// Starts `flashpool serve --data DATA --listen 127.0.0.1:0 ARGS` and waits for the
-    /// addresses it prints.
-    fn start(data: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flashpool"))
-            .args([
-                "serve",
-                "--data",
-                s(data),
-                "--listen",
-                "127.0.0.1:0",
-                "--drive-size",
-                "64M",
-                "--volume-size",
-                "32M",
-                "--sparse",
-            ])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start flashpool serve");
-        let (tx, log) = mpsc::channel();
-        for r in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(r).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        let want_metrics = args.contains(&"--metrics");
-        let want_api = args.contains(&"--api");
-        let mut server = Server {
-            child,
-            nbd: String::new(),
-            nvme: None,
-            metrics: None,
-            api: None,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        while server.nbd.is_empty()
-            || (want_metrics && server.metrics.is_none())
-            || (want_api && server.api.is_none())
-        {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match server.log.recv_timeout(left) {
-                Ok(l) => l,
-                Err(_) => panic!("flashpool serve did not come up: {seen:#?}"),
-            };
-            let addr = |prefix: &str| {
-                line.strip_prefix(prefix)
-                    .and_then(|r| r.strip_prefix("http://"))
-                    .and_then(|r| r.split('/').next())
-                    .map(str::to_string)
-            };
-            if let Some(rest) = line.strip_prefix("nbd://") {
-                server.nbd = rest.split('/').next().unwrap().to_string();
-            } else if line.starts_with("nvme-tcp://") {
-                server.nvme = Some(line.clone());
-            } else if let Some(a) = addr("metrics on ") {
-                server.metrics = Some(a);
-            } else if let Some(a) = addr("admin API on ") {
-                server.api = Some(a);
-            }
-            seen.push(line);
-        }
-        server
-    }
-
     fn metrics(&self) -> Metrics {
         let (code, body) = http(self.metrics.as_ref().unwrap(), "GET", "/metrics", None, "");
         assert_eq!(code, 200, "{body}");
         Metrics::parse(&body)
-    }
-
-    fn stop(mut self) {
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let st = self.child.wait().unwrap();
-        let log: Vec<String> = self.log.try_iter().collect();
-        assert!(st.success(), "serve exited {st:?}: {log:#?}");
-        assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 

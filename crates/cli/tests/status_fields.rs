@@ -35,13 +35,10 @@
 
 mod common;
 
-use common::{flashpool, s, Nbd, TempDir};
+use common::{flashpool, s, Nbd, Server, TempDir};
 use flashpool_nbd::proto;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const DRIVES: u64 = 5;
@@ -118,96 +115,28 @@ fn compressible(len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A `flashpool serve` in the background; SIGTERM and a clean exit on `stop`, kill on drop.
-struct Server {
-    child: Child,
-    nbd: String,
-    log: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn start(data: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flashpool"))
-            .args(["serve", "--data", s(data), "--listen", "127.0.0.1:0"])
-            .args(["--drive-size", "64M", "--volume-size", "32M", "--sparse"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start flashpool serve");
-        let (tx, log) = mpsc::channel();
-        for r in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(r).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        // Only the readers hold senders now: a server that exits ends the wait below.
-        drop(tx);
-        let mut server = Server {
-            child,
-            nbd: String::new(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        while server.nbd.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match server.log.recv_timeout(left) {
-                Ok(l) => l,
-                Err(_) => panic!("flashpool serve did not come up: {seen:#?}"),
-            };
-            if let Some(rest) = line.strip_prefix("nbd://") {
-                server.nbd = rest.split('/').next().unwrap().to_string();
+/// `flashpool serve` on `data` (see `common::Server::start`), once its status shows the
+/// write-amplification window.
+fn serve(data: &Path, args: &[&str]) -> Server {
+    let server = Server::start(data, args);
+    // The admin socket answers once the pool is served; the write-amplification window
+    // holds its first sample (taken as the cleaner thread starts) shortly after.
+    let t0 = Instant::now();
+    loop {
+        let out = flashpool(&["status", "--data", s(data), "--json"]);
+        if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v.get("controls").is_some() && !v["write_amplification_window"].is_null() {
+                break;
             }
-            seen.push(line);
         }
-        // The admin socket answers once the pool is served; the write-amplification window
-        // holds its first sample (taken as the cleaner thread starts) shortly after.
-        let t0 = Instant::now();
-        loop {
-            let out = flashpool(&["status", "--data", s(data), "--json"]);
-            if out.status.success() {
-                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-                if v.get("controls").is_some() && !v["write_amplification_window"].is_null() {
-                    break;
-                }
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "the server's status never showed its window"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the server's status never showed its window"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
-
-    fn stop(mut self) {
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let st = self.child.wait().unwrap();
-        let log: Vec<String> = self.log.try_iter().collect();
-        assert!(st.success(), "serve exited {st:?}: {log:#?}");
-        assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    server
 }
 
 /// The protocol's smallest client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies
@@ -508,7 +437,7 @@ fn fresh_pool_then_writes_then_restart() {
     let tmp = TempDir::new("status-fields", "fresh");
     let data = tmp.0.join("data");
     make_pool(&data);
-    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    let srv = serve(&data, &["--rebuild-delay", "100000"]);
 
     // --- A fresh pool.
     let v = status(&data);
@@ -873,7 +802,7 @@ fn drive_fail_restart_rebuild_and_add() {
     let tmp = TempDir::new("status-fields", "fail");
     let data = tmp.0.join("data");
     make_pool(&data);
-    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    let srv = serve(&data, &["--rebuild-delay", "100000"]);
     let raw_len = 4 * MIB as usize;
     let raw_data = random(seed ^ 0xfa11, raw_len);
     let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
@@ -1009,7 +938,7 @@ fn drive_fail_restart_rebuild_and_add() {
     // --- The failure persists: offline, and after a clean restart.
     let off = status(&data);
     failed(&off, Some(when));
-    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    let srv = serve(&data, &["--rebuild-delay", "100000"]);
     let v = status(&data);
     failed(&v, Some(when));
     // Reopened, the failed member's file is set aside (it missed the updates since its
@@ -1147,7 +1076,7 @@ fn sim_drives_end_to_end() {
     let seed = seed();
     let tmp = TempDir::new("status-fields", "sim");
     let data = tmp.0.join("data");
-    let srv = Server::start(&data, &["--sim-drives", "small", "--sim-timing", "real"]);
+    let srv = serve(&data, &["--sim-drives", "small", "--sim-timing", "real"]);
     let v = status(&data);
     let e = &v["end_to_end"];
     assert_eq!(u(&e["host_write_bytes"]), 0, "{e:#}");

@@ -1,14 +1,15 @@
 //! Helpers shared by the CLI's integration tests: a temporary directory, running the built
-//! binary, and a minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies) to
+//! binary, a server running in the background, and a minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies) to
 //! write and read a served volume with no client package installed.
 #![allow(dead_code)]
 
 use flashpool_nbd::proto;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -172,5 +173,116 @@ impl Nbd {
         msg.extend_from_slice(&proto::CMD_DISC.to_be_bytes());
         msg.extend_from_slice(&[0u8; 20]);
         let _ = self.c.write_all(&msg);
+    }
+}
+
+/// A `flashpool serve` in the background; SIGTERM and a clean exit on drop.
+pub struct Server {
+    pub child: Child,
+    pub nbd: String,
+    /// `nvme-tcp://ADDR/NQN`, with `--nvme-tcp`.
+    pub nvme: Option<String>,
+    pub metrics: Option<String>,
+    pub api: Option<String>,
+    pub log: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `flashpool serve --data DATA --listen 127.0.0.1:0 ARGS` and waits for the
+    /// addresses it prints.
+    pub fn start(data: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flashpool"))
+            .args([
+                "serve",
+                "--data",
+                s(data),
+                "--listen",
+                "127.0.0.1:0",
+                "--drive-size",
+                "64M",
+                "--volume-size",
+                "32M",
+                "--sparse",
+            ])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start flashpool serve");
+        let (tx, log) = mpsc::channel();
+        for r in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(r).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        // Only the readers hold senders now: a server that exits ends the wait below.
+        drop(tx);
+        let want_metrics = args.contains(&"--metrics");
+        let want_api = args.contains(&"--api");
+        let mut server = Server {
+            child,
+            nbd: String::new(),
+            nvme: None,
+            metrics: None,
+            api: None,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        while server.nbd.is_empty()
+            || (want_metrics && server.metrics.is_none())
+            || (want_api && server.api.is_none())
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match server.log.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => panic!("flashpool serve did not come up: {seen:#?}"),
+            };
+            let addr = |prefix: &str| {
+                line.strip_prefix(prefix)
+                    .and_then(|r| r.strip_prefix("http://"))
+                    .and_then(|r| r.split('/').next())
+                    .map(str::to_string)
+            };
+            if let Some(rest) = line.strip_prefix("nbd://") {
+                server.nbd = rest.split('/').next().unwrap().to_string();
+            } else if line.starts_with("nvme-tcp://") {
+                server.nvme = Some(line.clone());
+            } else if let Some(a) = addr("metrics on ") {
+                server.metrics = Some(a);
+            } else if let Some(a) = addr("admin API on ") {
+                server.api = Some(a);
+            }
+            seen.push(line);
+        }
+        server
+    }
+
+    pub fn stop(mut self) {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().unwrap();
+        let log: Vec<String> = self.log.try_iter().collect();
+        assert!(st.success(), "serve exited {st:?}: {log:#?}");
+        assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
