@@ -118,6 +118,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = flashpool_nbd::config::DEFAULT_BUSY_POLL.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub busy_poll_us: u64,
+    /// Polling while reads are in flight, in microseconds (0 = off, the default): an NBD
+    /// connection whose reads are on the drives, with nothing else to do, asks them and its
+    /// socket for up to this long before it sleeps, so it takes the next completion or
+    /// request without a wake-up, for the CPU time it spins. For machines with cores to
+    /// spare; shares busy polling's bound on connections polling at once (docs/NBD.md). At
+    /// most 1000000.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub read_poll_us: u64,
     /// NBD reactor threads (0 = a thread per connection, the default): a fixed set of
     /// threads, each serving many connections past their handshake, with its own workers
     /// for flushes and large writes (docs/NBD.md). Busy polling does not apply to them.
@@ -488,6 +496,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     }
     let config = Config {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
+        read_poll: std::time::Duration::from_micros(a.read_poll_us),
         reactors: a.nbd_reactors as usize,
         handshake_timeout: std::time::Duration::from_secs(a.handshake_timeout),
         max_handshakes_per_peer: a.max_handshakes_per_peer as usize,

@@ -63,6 +63,15 @@ pub struct Config {
     /// polling backs off while the client is slow or idle, so an idle connection costs next
     /// to nothing. Zero never polls. Unix and TCP sockets only.
     pub busy_poll: Duration,
+    /// Polling while reads are in flight: a connection thread whose reads are on the
+    /// export's read queue, with nothing else to do, asks the queue and its socket
+    /// (non-blocking) for up to this long before it sleeps in the queue's wait, so the next
+    /// completion or request is taken without a wake-up. Unlike `busy_poll` it is not
+    /// adapted to the client: it spins whenever reads are in flight, for CPU time (on the
+    /// 2-vCPU machine, +21 % random reads at depth 32 for 40 % more server CPU per read with
+    /// 100 us: docs/PERFORMANCE.md). Zero (the default) never polls. Takes the same slots
+    /// as `busy_poll` (`max_pollers`).
+    pub read_poll: Duration,
     /// Most connections polling at once (each holds a core while it polls); the others
     /// sleep in `recv` as usual. Default: half the CPUs, at least one.
     pub max_pollers: usize,
@@ -91,6 +100,7 @@ impl Default for Config {
             max_buffer_bytes_per_connection: 64 * 1024 * 1024,
             drain_timeout: Duration::from_secs(10),
             busy_poll: DEFAULT_BUSY_POLL,
+            read_poll: Duration::ZERO,
             max_pollers: std::thread::available_parallelism()
                 .map_or(1, |n| n.get() / 2)
                 .max(1),

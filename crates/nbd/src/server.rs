@@ -696,6 +696,7 @@ pub fn serve_stream<R: Read + Send, W: Write + Send>(
             max_helpers: config.helper_threads_per_connection,
             max_buffer_bytes: config.max_buffer_bytes_per_connection,
             busy_poll: None,
+            read_poll: None,
             socket_fd: None,
         };
         transmission::serve(r, writer, &session, limits, &|_| {});
@@ -801,6 +802,8 @@ fn serve_connection(shared: &Arc<Shared>, id: u64, t: Transport) -> bool {
                         max: shared.config.busy_poll,
                         slots: shared.pollers.clone(),
                     }),
+                read_poll: (!shared.config.read_poll.is_zero() && shared.config.max_pollers > 0)
+                    .then(|| (shared.config.read_poll, shared.pollers.clone())),
             };
             transmission::serve(r, writer, &session, limits, &*closer);
         }

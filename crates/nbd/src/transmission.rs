@@ -80,6 +80,9 @@ pub struct Limits {
     /// Busy polling (`Config::busy_poll`, adapted to the client by a [`PollPolicy`]); None
     /// never polls.
     pub busy_poll: Option<BusyPoll>,
+    /// Polling while reads are in flight (`Config::read_poll`): how long, and the server's
+    /// bound on connections polling at once; None never polls.
+    pub read_poll: Option<(std::time::Duration, std::sync::Arc<PollerSlots>)>,
     /// The connection's socket (or the plain end of its TLS pump), valid while the reader
     /// lives: with it, reads that wait for a device run on the export's read queue
     /// (`Export::read_queue`), the thread waiting on the queue and this socket at once.
@@ -629,7 +632,15 @@ impl<'a, W: Write + Send> Conn<'a, W> {
             // Reads in progress: sleep until one finishes (answer it) or the client sends
             // more (read it), whichever comes first.
             if let Some(ar) = reads.as_deref_mut().filter(|ar| ar.in_progress() > 0) {
-                if !ar.wait_or_socket()? {
+                let polled = self
+                    .limits
+                    .read_poll
+                    .as_ref()
+                    .and_then(|(how_long, slots)| {
+                        let _slot = slots.try_take()?;
+                        ar.poll_for(*how_long)
+                    });
+                if !polled.map_or_else(|| ar.wait_or_socket(), Ok)? {
                     continue;
                 }
                 // Readable, as far as the poll knew: it may have fired for bytes a blocking

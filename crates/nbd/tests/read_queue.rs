@@ -35,6 +35,10 @@ struct Rules {
     /// Every other wait with reads pending says the socket is readable when it may not be
     /// (as a poll that fired for bytes a read already took).
     spurious: bool,
+    /// A descriptor (`ReadQueue::ready_fd`, a timerfd) that polls readable once a read is
+    /// due, so a connection polling while reads are in flight (`Config::read_poll`) sees
+    /// completions without a wait.
+    ready_fd: bool,
 }
 
 struct DelayQueue {
@@ -45,6 +49,9 @@ struct DelayQueue {
     pending: Vec<(Instant, u64, u64, usize)>,
     ready: VecDeque<(u64, u64, usize)>,
     waits: u64,
+    /// Waits that slept for a read or the socket (shared with the test).
+    sleeps: Arc<AtomicUsize>,
+    timer: Option<std::os::fd::OwnedFd>,
 }
 
 impl DelayQueue {
@@ -58,6 +65,40 @@ impl DelayQueue {
         let h = offset.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
         Duration::from_millis(h % (self.rules.jitter_ms + 1))
     }
+
+    /// Sets the timer to fire when the next pending read is due (at once if it is), or
+    /// disarms it when none is pending; any expiry not yet read is cleared first.
+    fn arm(&self) {
+        use std::os::fd::AsRawFd;
+        let Some(t) = &self.timer else { return };
+        let mut count = 0u64;
+        // SAFETY: reads at most 8 bytes into `count`, a u64 we own; the timerfd is
+        // non-blocking, so with no expiry the read fails with EAGAIN (ignored).
+        let _ = unsafe { libc::read(t.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        let next = self.pending.iter().map(|p| p.0).min();
+        let left = next.map(|due| due.saturating_duration_since(Instant::now()));
+        let value = match left {
+            // Zero would disarm: a read already due fires after a nanosecond.
+            Some(d) => libc::timespec {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_nsec: d.subsec_nanos().max(1) as libc::c_long,
+            },
+            None => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+        };
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
+        // SAFETY: `spec` is a valid itimerspec on our stack; a null old value is allowed.
+        let rc = unsafe { libc::timerfd_settime(t.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "timerfd_settime");
+    }
 }
 
 impl ReadQueue for DelayQueue {
@@ -65,6 +106,7 @@ impl ReadQueue for DelayQueue {
         let due = Instant::now() + self.delay(offset);
         self.pending.push((due, token, offset, len));
         self.most.fetch_max(self.outstanding(), Ordering::SeqCst);
+        self.arm();
     }
     fn submit(&mut self) {}
     fn poll(&mut self) {
@@ -74,6 +116,7 @@ impl ReadQueue for DelayQueue {
             let (_, t, o, l) = self.pending.remove(0);
             self.ready.push_back((t, o, l));
         }
+        self.arm();
     }
     fn wait(&mut self, fd: Option<RawFd>) -> std::io::Result<bool> {
         self.poll();
@@ -84,6 +127,7 @@ impl ReadQueue for DelayQueue {
         if self.rules.spurious && !self.pending.is_empty() && self.waits.is_multiple_of(2) {
             return Ok(true);
         }
+        self.sleeps.fetch_add(1, Ordering::SeqCst);
         let timeout = match self.pending.first() {
             Some(p) => p.0.saturating_duration_since(Instant::now()).as_millis() as i32 + 1,
             None if fd.is_some() => -1,
@@ -126,17 +170,45 @@ impl ReadQueue for DelayQueue {
     fn outstanding(&self) -> usize {
         self.pending.len() + self.ready.len()
     }
+    fn ready_fd(&self) -> Option<RawFd> {
+        use std::os::fd::AsRawFd;
+        self.timer.as_ref().map(|t| t.as_raw_fd())
+    }
 }
 
 const MIB: u64 = 1 << 20;
 
 fn server(rules: Rules, config: Config) -> (TestServer, Arc<AtomicUsize>) {
+    let (srv, most, _) = server_counting_sleeps(rules, config);
+    (srv, most)
+}
+
+/// `server`, and the number of times a queue's wait slept.
+fn server_counting_sleeps(
+    rules: Rules,
+    config: Config,
+) -> (TestServer, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let disk = Arc::new(MemExport::new(SIZE));
     let most = Arc::new(AtomicUsize::new(0));
+    let sleeps = Arc::new(AtomicUsize::new(0));
     let mut set = StaticExports::new();
     set.add("default", "delaying", {
-        let most = most.clone();
+        let (most, sleeps) = (most.clone(), sleeps.clone());
         QueuedExport::new(disk.clone(), move |disk| {
+            let timer = rules.ready_fd.then(|| {
+                use std::os::fd::FromRawFd;
+                // SAFETY: timerfd_create takes no pointers; it returns a new descriptor or
+                // -1 (checked).
+                let fd = unsafe {
+                    libc::timerfd_create(
+                        libc::CLOCK_MONOTONIC,
+                        libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+                    )
+                };
+                assert!(fd >= 0, "timerfd_create");
+                // SAFETY: `fd` is the fresh descriptor above, owned by nobody else.
+                unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+            });
             Box::new(DelayQueue {
                 disk: disk.clone(),
                 rules,
@@ -144,10 +216,12 @@ fn server(rules: Rules, config: Config) -> (TestServer, Arc<AtomicUsize>) {
                 pending: Vec::new(),
                 ready: VecDeque::new(),
                 waits: 0,
+                sleeps: sleeps.clone(),
+                timer,
             })
         })
     });
-    (TestServer::start_exports(set, disk, config), most)
+    (TestServer::start_exports(set, disk, config), most, sleeps)
 }
 
 fn quick() -> Rules {
@@ -158,7 +232,98 @@ fn quick() -> Rules {
         fail_at: None,
         short_at: None,
         spurious: false,
+        ready_fd: false,
     }
+}
+
+/// Polling while reads are in flight (`Config::read_poll`), long enough to cover every
+/// read here: the connection takes completions as they come, answers them out of order,
+/// and never sleeps in the queue's wait while it serves them.
+#[test]
+fn a_connection_polling_its_reads_answers_them_as_they_complete_without_sleeping() {
+    let rules = Rules {
+        jitter_ms: 30,
+        ready_fd: true,
+        ..quick()
+    };
+    let config = Config {
+        read_poll: Duration::from_secs(2),
+        max_pollers: 1,
+        ..Config::default()
+    };
+    let (srv, most, sleeps) = server_counting_sleeps(rules, config);
+    let mut c = srv.raw();
+    c.hello();
+    c.go("");
+    let data = pattern(4 * MIB as usize, 5);
+    assert_eq!(c.write(1, 0, &data), 0);
+    let n = 32u64;
+    let off = |h: u64| (h * 167_936) % (4 * MIB - 65536);
+    let mut reqs = Vec::new();
+    for h in 0..n {
+        reqs.extend(read_req(h, off(h), 65536));
+    }
+    c.send(&reqs);
+    let mut order = Vec::new();
+    for _ in 0..n {
+        let (e, h) = c.simple();
+        assert_eq!(e, 0);
+        let o = off(h) as usize;
+        assert_eq!(c.recv(65536), data[o..o + 65536], "reply {h}");
+        order.push(h);
+    }
+    assert_ne!(
+        order,
+        (0..n).collect::<Vec<_>>(),
+        "answered as they complete"
+    );
+    assert!(most.load(Ordering::SeqCst) >= 8, "reads in flight at once");
+    assert_eq!(
+        sleeps.load(Ordering::SeqCst),
+        0,
+        "the connection slept in the queue's wait while polling"
+    );
+    c.disc();
+    srv.stop();
+}
+
+/// While polling for a slow read, a request that arrives on the socket is taken at once: a
+/// fast read sent after a slow one is answered first, and nothing sleeps.
+#[test]
+fn a_connection_polling_for_a_slow_read_takes_the_next_request_at_once() {
+    let rules = Rules {
+        slow_below: 4096,
+        slow: Duration::from_millis(500),
+        ready_fd: true,
+        ..quick()
+    };
+    let config = Config {
+        read_poll: Duration::from_secs(2),
+        max_pollers: 1,
+        ..Config::default()
+    };
+    let (srv, _, sleeps) = server_counting_sleeps(rules, config);
+    let mut c = srv.raw();
+    c.hello();
+    c.go("");
+    let data = pattern(2 * MIB as usize, 8);
+    assert_eq!(c.write(1, 0, &data), 0);
+    // Two slow reads together (a lone read at depth 1 runs inline), then a fast one.
+    let mut slow = read_req(2, 0, 4096);
+    slow.extend(read_req(4, 0, 4096));
+    c.send(&slow);
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(&read_req(3, MIB, 4096));
+    assert_eq!(c.simple(), (0, 3), "the fast read is answered first");
+    assert_eq!(c.recv(4096), data[MIB as usize..MIB as usize + 4096]);
+    for _ in 0..2 {
+        let (e, h) = c.simple();
+        assert!(e == 0 && (h == 2 || h == 4), "{e} {h}");
+        assert_eq!(c.recv(4096), data[..4096]);
+    }
+    assert_eq!(sleeps.load(Ordering::SeqCst), 0, "slept while polling");
+    c.disc();
+    srv.stop();
 }
 
 #[test]

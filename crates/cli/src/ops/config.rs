@@ -46,6 +46,8 @@ pub struct FileConfig {
     pub rebuild_delay: Option<u64>,
     #[serde(default, deserialize_with = "busy_poll")]
     pub busy_poll_us: Option<u64>,
+    #[serde(default, deserialize_with = "busy_poll")]
+    pub read_poll_us: Option<u64>,
     #[serde(default, deserialize_with = "reactors")]
     pub nbd_reactors: Option<u64>,
     #[serde(default, deserialize_with = "on_off")]
@@ -300,6 +302,7 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(sim_timing);
     set!(rebuild_delay);
     set!(busy_poll_us);
+    set!(read_poll_us);
     set!(nbd_reactors);
     set!(rebuild_reserve);
     set!(stripe_writers);

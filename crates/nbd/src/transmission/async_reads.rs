@@ -80,6 +80,49 @@ impl AsyncReads {
         self.q.wait(None).map(|_| ())
     }
 
+    /// Polls for up to `how_long`, without sleeping, for a read to finish (false) or the
+    /// socket to be readable (true: read it without blocking); None when neither happened,
+    /// or the queue has no descriptor to poll (`ReadQueue::ready_fd`): then wait.
+    pub(super) fn poll_for(&mut self, how_long: std::time::Duration) -> Option<bool> {
+        let ready = self.q.ready_fd()?;
+        if self.unsubmitted {
+            self.q.submit();
+            self.unsubmitted = false;
+        }
+        let t0 = std::time::Instant::now();
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.socket,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: ready,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is two initialized pollfd structs we own for the call; both
+            // descriptors are open while this connection's reads are (the socket outlives
+            // the connection's thread loop, the queue's ring lives in `self.q`). A zero
+            // timeout never blocks.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
+            if n > 0 {
+                if fds[1].revents != 0 {
+                    return Some(false);
+                }
+                if fds[0].revents != 0 {
+                    return Some(true);
+                }
+            }
+            if t0.elapsed() >= how_long {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Waits for a read to finish or the socket to be readable (true: read it without
     /// blocking, as the poll may have fired for bytes already taken).
     pub(super) fn wait_or_socket(&mut self) -> io::Result<bool> {
