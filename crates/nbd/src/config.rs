@@ -68,8 +68,8 @@ pub struct Config {
     /// (non-blocking) for up to this long before it sleeps in the queue's wait, so the next
     /// completion or request is taken without a wake-up. Unlike `busy_poll` it is not
     /// adapted to the client: it spins whenever reads are in flight, for CPU time (on the
-    /// 2-vCPU machine, +21 % random reads at depth 32 for 40 % more server CPU per read with
-    /// 100 us: docs/PERFORMANCE.md). Zero (the default) never polls. Takes the same slots
+    /// 2-vCPU machine, +9 % to +21 % random reads at depth 32 for a quarter to 40 % more
+    /// server CPU per read with 100 us: docs/PERFORMANCE.md). Zero (the default) never polls. Takes the same slots
     /// as `busy_poll` (`max_pollers`).
     pub read_poll: Duration,
     /// Most connections polling at once (each holds a core while it polls); the others
