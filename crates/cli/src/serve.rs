@@ -128,8 +128,8 @@ pub struct ServeArgs {
     pub read_poll_us: u64,
     /// NBD reactor threads (0 = a thread per connection, the default): a fixed set of
     /// threads, each serving many connections past their handshake, with its own workers
-    /// for flushes and large writes (docs/NBD.md). Busy polling does not apply to them.
-    /// Also read from FLASHPOOL_NBD_REACTORS. At most 256.
+    /// for flushes and large writes (docs/NBD.md). Busy polling and read polling do not
+    /// apply to them. Also read from FLASHPOOL_NBD_REACTORS. At most 256.
     #[arg(long, default_value_t = 0, env = "FLASHPOOL_NBD_REACTORS",
           value_parser = clap::value_parser!(u64).range(0..=256))]
     pub nbd_reactors: u64,

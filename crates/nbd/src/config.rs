@@ -77,8 +77,9 @@ pub struct Config {
     pub max_pollers: usize,
     /// Reactor threads serving the connections past their handshake, each many (SPDK's
     /// reactors): a fixed set of threads instead of one per connection (and its helpers).
-    /// Zero: a thread per connection (the default). Busy polling does not apply to
-    /// reactors; requests that may block for long run on each reactor's workers.
+    /// Zero: a thread per connection (the default). Busy polling and read polling
+    /// (`read_poll`) do not apply to reactors; requests that may block for long run on each
+    /// reactor's workers.
     pub reactors: usize,
     /// Worker threads per reactor (started on demand) for the requests that may block for
     /// long: FLUSH, FUA, writes that fill stripes, reads of exports without a read queue.
