@@ -224,6 +224,32 @@ fn server_counting_sleeps(
     (TestServer::start_exports(set, disk, config), most, sleeps)
 }
 
+/// Sends `n` reads of 64 KiB scattered over `data` (written from offset 0) in one burst and
+/// checks each reply: one per request, the right bytes, not in the order sent (they complete
+/// out of order).
+fn scattered_reads(c: &mut Raw, data: &[u8], n: u64) {
+    let off = |h: u64| (h * 167_936) % (data.len() as u64 - 65536);
+    let mut reqs = Vec::new();
+    for h in 0..n {
+        reqs.extend(read_req(h, off(h), 65536));
+    }
+    c.send(&reqs);
+    let mut order = Vec::new();
+    for _ in 0..n {
+        let (e, h) = c.simple();
+        assert_eq!(e, 0);
+        assert!(!order.contains(&h), "one reply per request");
+        let o = off(h) as usize;
+        assert_eq!(c.recv(65536), data[o..o + 65536], "reply {h}");
+        order.push(h);
+    }
+    assert_ne!(
+        order,
+        (0..n).collect::<Vec<_>>(),
+        "answered as they complete"
+    );
+}
+
 fn quick() -> Rules {
     Rules {
         slow_below: 0,
@@ -236,47 +262,39 @@ fn quick() -> Rules {
     }
 }
 
-/// Polling while reads are in flight (`Config::read_poll`), long enough to cover every
-/// read here: the connection takes completions as they come, answers them out of order,
-/// and never sleeps in the queue's wait while it serves them.
-#[test]
-fn a_connection_polling_its_reads_answers_them_as_they_complete_without_sleeping() {
-    let rules = Rules {
-        jitter_ms: 30,
-        ready_fd: true,
-        ..quick()
-    };
+/// A server whose connections poll their reads for up to 2 s (`Config::read_poll`, long
+/// enough to cover every read of these tests), on queues that announce due reads by a
+/// descriptor; with the queues' most reads in flight and their sleeps.
+fn polling_server(rules: Rules) -> (TestServer, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let config = Config {
         read_poll: Duration::from_secs(2),
         max_pollers: 1,
         ..Config::default()
     };
-    let (srv, most, sleeps) = server_counting_sleeps(rules, config);
+    server_counting_sleeps(
+        Rules {
+            ready_fd: true,
+            ..rules
+        },
+        config,
+    )
+}
+
+/// Polling while reads are in flight (`Config::read_poll`), long enough to cover every
+/// read here: the connection takes completions as they come, answers them out of order,
+/// and never sleeps in the queue's wait while it serves them.
+#[test]
+fn a_connection_polling_its_reads_answers_them_as_they_complete_without_sleeping() {
+    let (srv, most, sleeps) = polling_server(Rules {
+        jitter_ms: 30,
+        ..quick()
+    });
     let mut c = srv.raw();
     c.hello();
     c.go("");
     let data = pattern(4 * MIB as usize, 5);
     assert_eq!(c.write(1, 0, &data), 0);
-    let n = 32u64;
-    let off = |h: u64| (h * 167_936) % (4 * MIB - 65536);
-    let mut reqs = Vec::new();
-    for h in 0..n {
-        reqs.extend(read_req(h, off(h), 65536));
-    }
-    c.send(&reqs);
-    let mut order = Vec::new();
-    for _ in 0..n {
-        let (e, h) = c.simple();
-        assert_eq!(e, 0);
-        let o = off(h) as usize;
-        assert_eq!(c.recv(65536), data[o..o + 65536], "reply {h}");
-        order.push(h);
-    }
-    assert_ne!(
-        order,
-        (0..n).collect::<Vec<_>>(),
-        "answered as they complete"
-    );
+    scattered_reads(&mut c, &data, 32);
     assert!(most.load(Ordering::SeqCst) >= 8, "reads in flight at once");
     assert_eq!(
         sleeps.load(Ordering::SeqCst),
@@ -291,18 +309,11 @@ fn a_connection_polling_its_reads_answers_them_as_they_complete_without_sleeping
 /// fast read sent after a slow one is answered first, and nothing sleeps.
 #[test]
 fn a_connection_polling_for_a_slow_read_takes_the_next_request_at_once() {
-    let rules = Rules {
+    let (srv, _, sleeps) = polling_server(Rules {
         slow_below: 4096,
         slow: Duration::from_millis(500),
-        ready_fd: true,
         ..quick()
-    };
-    let config = Config {
-        read_poll: Duration::from_secs(2),
-        max_pollers: 1,
-        ..Config::default()
-    };
-    let (srv, _, sleeps) = server_counting_sleeps(rules, config);
+    });
     let mut c = srv.raw();
     c.hello();
     c.go("");
@@ -363,27 +374,7 @@ fn many_reads_are_in_flight_and_answered_as_they_complete() {
     let data = pattern(8 * MIB as usize, 3);
     assert_eq!(c.write(1, 0, &data[..4 * MIB as usize]), 0);
     assert_eq!(c.write(1, 4 * MIB, &data[4 * MIB as usize..]), 0);
-    let n = 48u64;
-    let off = |h: u64| (h * 167_936) % (8 * MIB - 65536);
-    let mut reqs = Vec::new();
-    for h in 0..n {
-        reqs.extend(read_req(h, off(h), 65536));
-    }
-    c.send(&reqs);
-    let mut order = Vec::new();
-    for _ in 0..n {
-        let (e, h) = c.simple();
-        assert_eq!(e, 0);
-        assert!(!order.contains(&h), "one reply per request");
-        let o = off(h) as usize;
-        assert_eq!(c.recv(65536), data[o..o + 65536], "reply {h}");
-        order.push(h);
-    }
-    assert_ne!(
-        order,
-        (0..n).collect::<Vec<_>>(),
-        "answered as they complete"
-    );
+    scattered_reads(&mut c, &data, 48);
     assert!(
         most.load(Ordering::SeqCst) >= 8,
         "reads in flight at once: {}",
