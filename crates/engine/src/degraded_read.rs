@@ -141,10 +141,7 @@ impl Inner {
                     continue;
                 }
             }
-            // As a read's own scan would (`find_stripe`): a segment reused meanwhile leaves a
-            // stale entry, which the read path checks and rescans.
-            let found = std::sync::Arc::new(self.scan_segment(seg, false).into_values().collect());
-            self.seg_index.lock().insert(seg, found);
+            self.index_segment(seg);
             scanned += 1;
         }
         scanned

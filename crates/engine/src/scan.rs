@@ -10,6 +10,7 @@ use crate::format::BLOCK;
 use crate::layout::SegmentTable;
 use crate::pool::Inner;
 use crate::stats::Stats;
+use crate::stripe_index::SegmentStripes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -183,6 +184,15 @@ impl Inner {
         found
     }
 
+    /// Scans segment `seg` and keeps what it found in the stripe index (replacing an older
+    /// scan). A segment reused meanwhile leaves a stale entry, which the read path checks
+    /// and rescans.
+    pub(crate) fn index_segment(&self, seg: u32) -> SegmentStripes {
+        let found: SegmentStripes = Arc::new(self.scan_segment(seg, false).into_values().collect());
+        self.seg_index.lock().insert(seg, found.clone());
+        found
+    }
+
     /// The stripe whose data chunk on drive `d` covers byte `off`, from a cached scan of its
     /// segment (rescanned once on a miss, since the segment may have grown).
     pub(crate) fn find_stripe(&self, d: usize, off: u64) -> Result<(StripeDesc, usize)> {
@@ -191,12 +201,7 @@ impl Inner {
             let cached = self.seg_index.lock().get(seg);
             let index = match cached {
                 Some(i) if !rescan => i,
-                _ => {
-                    let i: Arc<Vec<StripeDesc>> =
-                        Arc::new(self.scan_segment(seg, false).into_values().collect());
-                    self.seg_index.lock().insert(seg, i.clone());
-                    i
-                }
+                _ => self.index_segment(seg),
             };
             let hit = index
                 .iter()

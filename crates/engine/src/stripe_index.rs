@@ -45,7 +45,8 @@ impl StripeIndex {
         self.by_segment.contains_key(&seg)
     }
 
-    /// Whether another segment's scan would fit without evicting one.
+    /// Whether it holds fewer descriptors than its cap (a scan added now may still evict
+    /// older ones, if it is larger than the room left).
     pub(crate) fn has_room(&self) -> bool {
         self.stripes < self.cap
     }

@@ -85,10 +85,7 @@ impl AsyncReads {
     /// or the queue has no descriptor to poll (`ReadQueue::ready_fd`): then wait.
     pub(super) fn poll_for(&mut self, how_long: std::time::Duration) -> Option<bool> {
         let ready = self.q.ready_fd()?;
-        if self.unsubmitted {
-            self.q.submit();
-            self.unsubmitted = false;
-        }
+        self.submit();
         let t0 = std::time::Instant::now();
         loop {
             let mut fds = [
