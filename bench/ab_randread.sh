@@ -11,6 +11,9 @@
 #
 # Each round starts a fresh `flashpool serve --data DIR` per build, fills its 1 GiB default
 # volume with 1 MiB writes, then runs the two points.
+#
+# RAW=1 also runs the points with fio straight on a 1 GiB file in WORK (io_uring, O_DIRECT:
+# the physical limit) before the first round and after the last, for ratios in the same run.
 set -euo pipefail
 A=${1:?old flashpool binary}; B=${2:?new flashpool binary}
 ROUNDS=${3:-3}; RT=${4:-4}
@@ -34,6 +37,23 @@ print(f"{label:4} {pt:16} {j['iops']/1000:7.1f} K IOPS {j['bw']/1024:7.0f} MiB/s
       f"  server CPU/IO {ticks / hz * 1e6 / j['total_ios']:5.1f} us")
 PY
 }
+raw() {
+    local rw bs qd
+    [ "${RAW:-0}" = 1 ] || return 0
+    [ -f "$WORK/raw.img" ] || fio --name=fill --filename="$WORK/raw.img" --size=1G --rw=write \
+        --bs=1M --iodepth=8 --direct=1 --ioengine=io_uring --output-format=terse > /dev/null
+    for pt in $POINTS; do
+        IFS=: read -r rw bs qd <<<"$pt"
+        fio --name=r --filename="$WORK/raw.img" --size=1G --rw="$rw" --bs="$bs" --iodepth="$qd" \
+            --direct=1 --ioengine=io_uring --time_based --runtime="$RT" --output-format=json |
+            python3 -c "
+import json, sys
+t = sys.stdin.read(); j = json.loads(t[t.index('{'):])['jobs'][0]['read']
+print(f\"RAW  {'$pt':16} {j['iops']/1000:7.1f} K IOPS {j['bw']/1024:7.0f} MiB/s\"
+      f\"  mean {j['clat_ns']['mean']/1000:7.1f} us\")"
+    done
+}
+raw
 for r in $(seq "$ROUNDS"); do
     for which in A B; do
         bin=$A; [ "$which" = B ] && bin=$B
@@ -52,3 +72,5 @@ for r in $(seq "$ROUNDS"); do
         rm -rf "$d"
     done
 done
+raw
+rm -f "$WORK/raw.img"

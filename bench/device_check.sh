@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # The issue-16 measurements in one call, for a machine lent for a few minutes (the 16-core
 # device machine): the real-disk table (bench/disk_bench.py, with its flashpool-reactors
-# target: connections on reactor threads against a thread each), polling while reads are in
-# flight against sleeping (`serve --read-poll-us`), reads in flight at the disk
+# target: connections on reactor threads against a thread each), the same two again over three
+# interleaved rounds with the raw file around them (bench/ab_randread.sh), reads in flight at the disk
 # (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers and the bytes the disk has
 # in flight under them (bench/stripe_writers.sh), 16 connections on reactors against a thread
 # each (bench/many_connections.sh), one checkpoint's timing from the server's debug log (how
 # long writers were held, how long the flush took), and last, when NVME_LOAD names the
 # nvme-load example, one round of NVMe/TCP against NBD on the file-drive pool
-# (bench/nvme_vs_nbd.py). About 9.5 minutes; each part's output goes to OUTDIR as it finishes,
+# (bench/nvme_vs_nbd.py). About 7.5 minutes; each part's output goes to OUTDIR as it finishes,
 # so a run cut short still returns what it measured.
 #
 # Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz target/release/flashpool \
 #               target/release/examples/nvme-load
 # There:      tar xJf .devbench/bundle.tar.xz -C /tmp/b && PATH=/tmp/b/bin:$PATH \
 #               FLASHPOOL=/tmp/b/bin/flashpool NVME_LOAD=/tmp/b/bin/nvme-load \
-#               bash bench/device_check.sh "$OUT"
+#               bash bench/device_check.sh /tmp/r > "$OUT/log" 2>&1; tar czf "$OUT/r.tgz" -C /tmp r
+#             (the device tool returns at most 8 files from $OUT; OUTDIR holds more)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: bench/device_check.sh OUTDIR}
@@ -32,12 +33,13 @@ export FLASHPOOL=$fp
 
 python3 "$root/bench/disk_bench.py" --runtime 5 --rounds 1 --flashpool "$fp" \
     --workdir "$work/disk-bench" 2>&1 | tee "$out/disk_bench.txt"
-# Polling while reads are in flight (`serve --read-poll-us 100`, off by default) against
-# sleeping: random reads at depth 32 and 1, two rounds (a wrapper adds the flag).
-printf '#!/bin/sh\nexec "%s" "$@" --read-poll-us 100\n' "$fp" > "$work/fp-read-poll"
-chmod +x "$work/fp-read-poll"
-WORK="$work/read-poll" bash "$root/bench/ab_randread.sh" "$fp" "$work/fp-read-poll" 2 4 2>&1 \
-    | tee "$out/read_poll.txt"
+# Threads against reactors on the points where they part (depth 32 and 1 MiB reads ahead on
+# reactors, depth 1 behind), three interleaved rounds with the raw file's points around them.
+printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$fp" $(( $(nproc) / 2 )) > "$work/fp-reactors"
+chmod +x "$work/fp-reactors"
+RAW=1 POINTS="randread:4k:32 randread:4k:1 read:1M:8" WORK="$work/ab" \
+    bash "$root/bench/ab_randread.sh" "$fp" "$work/fp-reactors" 3 4 2>&1 \
+    | tee "$out/threads_vs_reactors.txt"
 bash "$root/bench/disk_depth.sh" "$work/depth" 5 2>&1 | tee "$out/disk_depth.txt"
 bash "$root/bench/stripe_writers.sh" "$work/sw" 8 2 8 2>&1 | tee "$out/stripe_writers.txt"
 WORKDIR="$work/mc" bash "$root/bench/many_connections.sh" 1 4 8 2>&1 | tee "$out/many_connections.txt"
