@@ -8,13 +8,15 @@
 # each (bench/many_connections.sh), one checkpoint's timing from the server's debug log (how
 # long writers were held, how long the flush took), and last, when NVME_LOAD names the
 # nvme-load example, one round of NVMe/TCP against NBD on the file-drive pool
-# (bench/nvme_vs_nbd.py). About 7.5 minutes; each part's output goes to OUTDIR as it finishes,
+# (bench/nvme_vs_nbd.py). With FLASHPOOL_B naming a second build, one more A/B of the two on
+# reactors (1.5 minutes). About 7.5 minutes without it; each part's output goes to OUTDIR as it finishes,
 # so a run cut short still returns what it measured.
 #
 # Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz target/release/flashpool \
-#               target/release/examples/nvme-load
+#               target/release/examples/nvme-load [OTHER_BUILD/flashpool-b]
 # There:      tar xJf .devbench/bundle.tar.xz -C /tmp/b && PATH=/tmp/b/bin:$PATH \
 #               FLASHPOOL=/tmp/b/bin/flashpool NVME_LOAD=/tmp/b/bin/nvme-load \
+#               [FLASHPOOL_B=/tmp/b/bin/flashpool-b] \
 #               bash bench/device_check.sh /tmp/r > "$OUT/log" 2>&1; tar czf "$OUT/r.tgz" -C /tmp r
 #             (the device tool returns at most 8 files from $OUT; OUTDIR holds more)
 set -euo pipefail
@@ -40,6 +42,16 @@ chmod +x "$work/fp-reactors"
 RAW=1 POINTS="randread:4k:32 randread:4k:1 read:1M:8" WORK="$work/ab" \
     bash "$root/bench/ab_randread.sh" "$fp" "$work/fp-reactors" 3 4 2>&1 \
     | tee "$out/threads_vs_reactors.txt"
+# A second build to judge on reactors (FLASHPOOL_B, e.g. the branch experiment/reactor-poll:
+# a reactor that polls once it has answered everything), against this one, both on reactors.
+if [ -n "${FLASHPOOL_B:-}" ] && [ -x "$FLASHPOOL_B" ]; then
+    printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$FLASHPOOL_B" $(( $(nproc) / 2 )) \
+        > "$work/fpb-reactors"
+    chmod +x "$work/fpb-reactors"
+    POINTS="randread:4k:1 randread:4k:32 read:1M:8" WORK="$work/ab-b" \
+        bash "$root/bench/ab_randread.sh" "$work/fp-reactors" "$work/fpb-reactors" 3 4 2>&1 \
+        | tee "$out/reactors_a_vs_b.txt"
+fi
 bash "$root/bench/disk_depth.sh" "$work/depth" 5 2>&1 | tee "$out/disk_depth.txt"
 bash "$root/bench/stripe_writers.sh" "$work/sw" 8 2 8 2>&1 | tee "$out/stripe_writers.txt"
 WORKDIR="$work/mc" bash "$root/bench/many_connections.sh" 1 4 8 2>&1 | tee "$out/many_connections.txt"
