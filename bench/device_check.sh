@@ -4,14 +4,13 @@
 # target: connections on reactor threads against a thread each), the same two again over
 # three interleaved rounds with the raw file around them (bench/ab_randread.sh), reads in
 # flight at the disk (bench/disk_depth.sh), 1 MiB writes with 2 and 8 stripe writers and the
-# bytes the disk has
-# in flight under them (bench/stripe_writers.sh), 16 connections on reactors against a thread
-# each (bench/many_connections.sh), one checkpoint's timing from the server's debug log (how
-# long writers were held, how long the flush took), and last, when NVME_LOAD names the
-# nvme-load example, one round of NVMe/TCP against NBD on the file-drive pool
-# (bench/nvme_vs_nbd.py). With FLASHPOOL_B naming a second build, one more A/B of the two on
-# reactors (1.5 minutes). About 7.5 minutes without it; each part's output goes to OUTDIR as
-# it finishes, so a run cut short still returns what it measured.
+# bytes the disk has in flight under them (bench/stripe_writers.sh), 16 connections on
+# reactors against a thread each (bench/many_connections.sh), one checkpoint's timing from
+# the server's debug log (how long writers were held, how long the flush took), and last,
+# when NVME_LOAD names the nvme-load example, one round of NVMe/TCP against NBD on the
+# file-drive pool (bench/nvme_vs_nbd.py). With FLASHPOOL_B naming a second build, one more
+# A/B of the two on reactors (1.5 minutes). About 7.5 minutes without it; each part's output
+# goes to OUTDIR as it finishes, so a run cut short still returns what it measured.
 #
 # Here:       bench/portable_bundle.sh .devbench/bundle.tar.xz target/release/flashpool \
 #               target/release/examples/nvme-load [OTHER_BUILD/flashpool-b]
