@@ -494,6 +494,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         let addr = spawn(l, door, "--api")?;
         eprintln!("admin API on http://{addr}/api/v1/");
     }
+    if a.nbd_reactors > 0 && a.read_poll_us > 0 {
+        // Not refused: the reactors may come from FLASHPOOL_NBD_REACTORS, the polling from a
+        // config file written for connection threads.
+        tracing::warn!(
+            read_poll_us = a.read_poll_us,
+            nbd_reactors = a.nbd_reactors,
+            "read polling applies to connection threads, not reactors: read-poll-us has no effect with nbd-reactors"
+        );
+    }
     let config = Config {
         busy_poll: std::time::Duration::from_micros(a.busy_poll_us),
         read_poll: std::time::Duration::from_micros(a.read_poll_us),

@@ -883,3 +883,27 @@ fn nvme_tls_required_by_serve() {
     assert!(refused, "a wrong key was served");
     server.stop();
 }
+
+/// `--read-poll-us` with reactors is served, with a warning at start that the polling has no
+/// effect there (reactors may come from FLASHPOOL_NBD_REACTORS, the polling from a config file:
+/// not refused); with a thread per connection, no such warning.
+#[test]
+fn read_polling_with_reactors_is_warned_about() {
+    for (args, warned) in [
+        (&["--nbd-reactors", "1", "--read-poll-us", "100"][..], true),
+        (&["--nbd-reactors", "0", "--read-poll-us", "100"][..], false),
+    ] {
+        let tmp = TempDir::new("ops", "read-poll-reactors");
+        let srv = Server::start(&tmp.0.join("data"), args);
+        let said = srv
+            .startup
+            .iter()
+            .any(|l| l.contains("read-poll-us has no effect with nbd-reactors"));
+        assert_eq!(said, warned, "{args:?}: {:#?}", srv.startup);
+        let mut c = Nbd::connect(&srv.nbd, "default").unwrap();
+        c.write(0, &[7u8; 4096]);
+        assert_eq!(c.read(0, 4096), vec![7u8; 4096]);
+        c.disconnect();
+        srv.stop();
+    }
+}

@@ -184,6 +184,8 @@ pub struct Server {
     pub nvme: Option<String>,
     pub metrics: Option<String>,
     pub api: Option<String>,
+    /// What it printed until it was up (its warnings among them).
+    pub startup: Vec<String>,
     pub log: mpsc::Receiver<String>,
 }
 
@@ -235,6 +237,7 @@ impl Server {
             nvme: None,
             metrics: None,
             api: None,
+            startup: Vec::new(),
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -265,6 +268,7 @@ impl Server {
             }
             seen.push(line);
         }
+        server.startup = seen;
         server
     }
 
