@@ -20,37 +20,30 @@ ROUNDS=${3:-3}; RT=${4:-4}
 WORK=${WORK:-$(dirname "$0")/../target/ab-randread}
 mkdir -p "$WORK"
 POINTS=${POINTS:-randread:4k:1 randread:4k:32}
-point() { # label server-pid rw:bs:iodepth uri
-    local t0 t1 out rw bs qd
-    IFS=: read -r rw bs qd <<<"$3"
-    t0=$(awk '{print $14+$15}' "/proc/$2/stat")
-    out=$(fio --name=p --rw="$rw" --bs="$bs" --iodepth="$qd" --ioengine=nbd --uri="$4" \
+point() { # label server-pid|- rw:bs:iodepth fio-target-args...: one point, its summary line
+    local label=$1 pid=$2 pt=$3 t0=0 t1=0 out rw bs qd
+    shift 3
+    IFS=: read -r rw bs qd <<<"$pt"
+    [ "$pid" = - ] || t0=$(awk '{print $14+$15}' "/proc/$pid/stat")
+    out=$(fio --name=p --rw="$rw" --bs="$bs" --iodepth="$qd" "$@" \
         --size=1G --time_based --runtime="$RT" --output-format=json)
-    t1=$(awk '{print $14+$15}' "/proc/$2/stat")
-    python3 - "$1" "$3" $((t1 - t0)) "$(getconf CLK_TCK)" <<PY
+    [ "$pid" = - ] || t1=$(awk '{print $14+$15}' "/proc/$pid/stat")
+    python3 - "$label" "$pt" "$pid" $((t1 - t0)) "$(getconf CLK_TCK)" <<PY
 import json, sys
 t = '''$out'''
 j = json.loads(t[t.index('{'):])['jobs'][0]['read']
-label, pt, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+label, pt, pid, ticks, hz = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+cpu = "" if pid == "-" else f"  server CPU/IO {ticks / hz * 1e6 / j['total_ios']:5.1f} us"
 print(f"{label:4} {pt:16} {j['iops']/1000:7.1f} K IOPS {j['bw']/1024:7.0f} MiB/s"
-      f"  mean {j['clat_ns']['mean']/1000:7.1f} us"
-      f"  server CPU/IO {ticks / hz * 1e6 / j['total_ios']:5.1f} us")
+      f"  mean {j['clat_ns']['mean']/1000:7.1f} us" + cpu)
 PY
 }
-raw() {
-    local rw bs qd
+raw() { # with RAW=1: the points on the raw file (filled once)
     [ "${RAW:-0}" = 1 ] || return 0
     [ -f "$WORK/raw.img" ] || fio --name=fill --filename="$WORK/raw.img" --size=1G --rw=write \
         --bs=1M --iodepth=8 --direct=1 --ioengine=io_uring --output-format=terse > /dev/null
     for pt in $POINTS; do
-        IFS=: read -r rw bs qd <<<"$pt"
-        fio --name=r --filename="$WORK/raw.img" --size=1G --rw="$rw" --bs="$bs" --iodepth="$qd" \
-            --direct=1 --ioengine=io_uring --time_based --runtime="$RT" --output-format=json |
-            python3 -c "
-import json, sys
-t = sys.stdin.read(); j = json.loads(t[t.index('{'):])['jobs'][0]['read']
-print(f\"RAW  {'$pt':16} {j['iops']/1000:7.1f} K IOPS {j['bw']/1024:7.0f} MiB/s\"
-      f\"  mean {j['clat_ns']['mean']/1000:7.1f} us\")"
+        point RAW - "$pt" --filename="$WORK/raw.img" --direct=1 --ioengine=io_uring
     done
 }
 raw
@@ -66,7 +59,7 @@ for r in $(seq "$ROUNDS"); do
             --output-format=terse > /dev/null
         echo "round $r"
         for pt in $POINTS; do
-            point "$which" "$pid" "$pt" "$uri"
+            point "$which" "$pid" "$pt" --ioengine=nbd --uri="$uri"
         done
         kill "$pid"; wait "$pid" 2>/dev/null || true
         rm -rf "$d"

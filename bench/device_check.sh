@@ -35,19 +35,21 @@ export FLASHPOOL=$fp
 
 python3 "$root/bench/disk_bench.py" --runtime 5 --rounds 1 --flashpool "$fp" \
     --workdir "$work/disk-bench" 2>&1 | tee "$out/disk_bench.txt"
+# A wrapper at $2 running build $1 with its connections on reactors (half the CPUs).
+on_reactors() {
+    printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$1" $(( $(nproc) / 2 )) > "$2"
+    chmod +x "$2"
+}
 # Threads against reactors on the points where they part (depth 32 and 1 MiB reads ahead on
 # reactors, depth 1 behind), three interleaved rounds with the raw file's points around them.
-printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$fp" $(( $(nproc) / 2 )) > "$work/fp-reactors"
-chmod +x "$work/fp-reactors"
+on_reactors "$fp" "$work/fp-reactors"
 RAW=1 POINTS="randread:4k:32 randread:4k:1 read:1M:8" WORK="$work/ab" \
     bash "$root/bench/ab_randread.sh" "$fp" "$work/fp-reactors" 3 4 2>&1 \
     | tee "$out/threads_vs_reactors.txt"
 # A second build to judge on reactors (FLASHPOOL_B, e.g. the branch experiment/reactor-poll:
 # a reactor that polls once it has answered everything), against this one, both on reactors.
 if [ -n "${FLASHPOOL_B:-}" ] && [ -x "$FLASHPOOL_B" ]; then
-    printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$FLASHPOOL_B" $(( $(nproc) / 2 )) \
-        > "$work/fpb-reactors"
-    chmod +x "$work/fpb-reactors"
+    on_reactors "$FLASHPOOL_B" "$work/fpb-reactors"
     POINTS="randread:4k:1 randread:4k:32 read:1M:8" WORK="$work/ab-b" \
         bash "$root/bench/ab_randread.sh" "$work/fp-reactors" "$work/fpb-reactors" 3 4 2>&1 \
         | tee "$out/reactors_a_vs_b.txt"
