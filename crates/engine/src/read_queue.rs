@@ -342,10 +342,11 @@ impl ReadQueue {
         self.reap();
     }
 
-    /// Waits until a read completes or `fd` (if given) is readable or hung up; true when
-    /// `fd` may be: the poll stays armed across waits and can report bytes the caller read
-    /// meanwhile, so the caller reads `fd` without blocking. Returns at once when a finished read is waiting to be taken, or when there is
-    /// nothing to wait for.
+    /// Submits the reads queued (in the same `io_uring_enter` as the wait) and waits until a
+    /// read completes or `fd` (if given) is readable or hung up; true when `fd` may be: the
+    /// poll stays armed across waits and can report bytes the caller read meanwhile, so the
+    /// caller reads `fd` without blocking. Returns at once, submitting nothing, when a
+    /// finished read is waiting to be taken, or when there is nothing to wait for.
     pub fn wait(&mut self, fd: Option<RawFd>) -> io::Result<bool> {
         if !self.done.is_empty() {
             return Ok(false);

@@ -261,10 +261,11 @@ pub trait ReadQueue: Send {
     fn submit(&mut self);
     /// Collects the reads finished so far, without waiting.
     fn poll(&mut self);
-    /// Waits until a read finishes or `fd` (the connection's socket) is readable or hung up;
-    /// true when `fd` may be (a poll can report bytes another read took meanwhile: the
-    /// caller reads without blocking). Returns at once when a finished read waits to be
-    /// taken.
+    /// Hands the reads started to the devices (as [`ReadQueue::submit`]) and waits until a
+    /// read finishes or `fd` (the connection's socket) is readable or hung up; true when
+    /// `fd` may be (a poll can report bytes another read took meanwhile: the caller reads
+    /// without blocking). Returns at once when a finished read waits to be taken (the
+    /// caller takes it, and submits before it writes replies or waits again).
     fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool>;
     /// Passes the next finished read (token, data or error) to `f`; false when none.
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool;

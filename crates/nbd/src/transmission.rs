@@ -623,8 +623,12 @@ impl<'a, W: Write + Send> Conn<'a, W> {
                 self.hand_off(scope, Job::Reads(std::mem::take(&mut group)), batch);
             }
             if let Some(ar) = reads.as_deref_mut() {
-                self.submit_reads(ar);
                 self.finish_reads(ar, batch);
+                // Reads started go to the devices before replies are written; with no reply
+                // to write they go with the wait below, in the same `io_uring_enter`.
+                if !batch.is_empty() {
+                    self.submit_reads(ar);
+                }
             }
             if !batch.is_empty() && !self.send(batch) {
                 return Ok(());

@@ -268,6 +268,8 @@ impl<'a, W: Write + Send> Conn<'a, W> {
     /// finished: how the thread waits for room (in flight, budget) or for the end, since only
     /// it answers its reads. False when the wait failed.
     pub(super) fn await_reads(&self, ar: &mut AsyncReads, batch: &mut Vec<Reply>) -> bool {
+        // Reads started go to the devices before the replies are written (a write can block).
+        ar.submit();
         self.send(batch);
         if let Err(e) = ar.wait() {
             tracing::debug!("read queue wait failed with reads in flight: {e}");
