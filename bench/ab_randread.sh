@@ -14,12 +14,16 @@
 #
 # RAW=1 also runs the points with fio straight on a 1 GiB file in WORK (io_uring, O_DIRECT:
 # the physical limit) before the first round and after the last, for ratios in the same run.
+# EXTRA="BIN_C BIN_D ..." adds more builds to each round, labelled C, D, ... in turn.
 set -euo pipefail
 A=${1:?old flashpool binary}; B=${2:?new flashpool binary}
 ROUNDS=${3:-3}; RT=${4:-4}
 WORK=${WORK:-$(dirname "$0")/../target/ab-randread}
 mkdir -p "$WORK"
 POINTS=${POINTS:-randread:4k:1 randread:4k:32}
+LABELS=(A B C D E F G H)
+# shellcheck disable=SC2086 # EXTRA is a list of words
+[ $(( 2 + $(echo ${EXTRA:-} | wc -w) )) -le ${#LABELS[@]} ] || { echo "at most 8 builds" >&2; exit 2; }
 point() { # label server-pid|- rw:bs:iodepth fio-target-args...: one point, its summary line
     local label=$1 pid=$2 pt=$3 t0=0 t1=0 out rw bs qd
     shift 3
@@ -48,8 +52,10 @@ raw() { # with RAW=1: the points on the raw file (filled once)
 }
 raw
 for r in $(seq "$ROUNDS"); do
-    for which in A B; do
-        bin=$A; [ "$which" = B ] && bin=$B
+    i=0
+    for bin in "$A" "$B" ${EXTRA:-}; do
+        which=${LABELS[i]}
+        i=$((i + 1))
         d="$WORK/$which"; rm -rf "$d"; mkdir -p "$d"
         "$bin" serve --data "$d/data" --socket "$d/nbd.sock" --listen 127.0.0.1:0 > "$d/log" 2>&1 &
         pid=$!
