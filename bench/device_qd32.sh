@@ -16,10 +16,15 @@
 #
 #   bench/device_qd32.sh OUTDIR [ROUNDS] [RUNTIME_S]     (default: 3 rounds of 4 s points)
 #
+# With WAKE_PINGPONG naming the example wake_pingpong (crates/engine/examples), it also
+# measures a wake-up's cost there, on one CPU and across two (about 10 s).
+#
 # Here:   bench/portable_bundle.sh .devbench/bundle.tar.xz target/release/flashpool \
+#           target/release/examples/wake_pingpong \
 #           [EPOLL_BUILD/flashpool-epoll] [POLL_BUILD/flashpool-poll]
 # There:  tar xJf .devbench/bundle.tar.xz -C /tmp/b && PATH=/tmp/b/bin:$PATH \
-#           FLASHPOOL=/tmp/b/bin/flashpool [FLASHPOOL_EPOLL=/tmp/b/bin/flashpool-epoll] \
+#           FLASHPOOL=/tmp/b/bin/flashpool WAKE_PINGPONG=/tmp/b/bin/wake_pingpong \
+#           [FLASHPOOL_EPOLL=/tmp/b/bin/flashpool-epoll] \
 #           [FLASHPOOL_POLL=/tmp/b/bin/flashpool-poll] bash bench/device_qd32.sh "$OUT"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,6 +76,10 @@ echo "builds: $names" | tee -a "$out/machine.txt"
 RAW=1 EXTRA="$extra" POINTS="randread:4k:32 randread:4k:1" WORK="$work/ab" \
     bash "$root/bench/ab_randread.sh" "$fp" "$work/reactors" "$rounds" "$rt" 2>&1 \
     | tee "$out/qd32.txt"
+# What a wake-up costs there, on one CPU and across two (the example wake_pingpong).
+if [ -n "${WAKE_PINGPONG:-}" ] && [ -x "$WAKE_PINGPONG" ]; then
+    "$WAKE_PINGPONG" 10000 2 2>&1 | tee "$out/wake_pingpong.txt"
+fi
 # Medians per build and point.
 python3 - "$out/qd32.txt" <<'PY' | tee "$out/summary.txt"
 import re, statistics, sys
