@@ -43,7 +43,10 @@ fn send(fd: i32, buf: &[u8]) {
 /// Receives one request without blocking; false when none is there yet.
 fn try_request(fd: i32, buf: &mut [u8; REQUEST]) -> bool {
     let n = recv(fd, buf, libc::MSG_DONTWAIT);
-    assert!(n == REQUEST as isize || n < 0, "a partial request on a socket pair");
+    assert!(
+        n == REQUEST as isize || n < 0,
+        "a partial request on a socket pair"
+    );
     n == REQUEST as isize
 }
 
@@ -68,7 +71,10 @@ fn server(how: &str, s: UnixStream, n: usize) {
                 u64: 1,
             };
             // SAFETY: as above; `ev` outlives the call.
-            assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) }, 0);
+            assert_eq!(
+                unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+                0
+            );
             let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
             for _ in 0..n {
                 while !try_request(fd, &mut req) {
