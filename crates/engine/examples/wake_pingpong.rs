@@ -29,6 +29,21 @@ fn pin(cpu: usize) -> bool {
     }
 }
 
+/// The CPUs this process may run on (its affinity mask), in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid set for sched_getaffinity to fill; CPU_ISSET
+    // reads inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
 fn recv(fd: i32, buf: &mut [u8], flags: i32) -> isize {
     // SAFETY: `buf` is ours to write for its length.
     unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
@@ -126,7 +141,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cpus = allowed_cpus();
+    let (Some(&first), Some(&last)) = (cpus.first(), cpus.last()) else {
+        eprintln!("cannot read this process's CPU affinity");
+        std::process::exit(1);
+    };
     if io_uring::IoUring::new(8).is_err() {
         eprintln!("io_uring unavailable: its row is left out");
     }
@@ -135,17 +154,21 @@ fn main() {
             if how == "io_uring" && io_uring::IoUring::new(8).is_err() {
                 continue;
             }
-            for (place, server_cpu) in [("one CPU", 0), ("two CPUs", cpus.saturating_sub(1))] {
-                if place == "two CPUs" && cpus < 2 {
+            for (place, server_cpu) in [("one CPU", first), ("two CPUs", last)] {
+                if place == "two CPUs" && first == last {
                     continue;
                 }
                 let (client, srv) = UnixStream::pair().expect("socketpair");
                 let how_s = how.to_string();
                 let t = std::thread::spawn(move || {
-                    pin(server_cpu);
+                    if !pin(server_cpu) {
+                        eprintln!("cannot pin the server thread to CPU {server_cpu}");
+                    }
                     server(&how_s, srv, n)
                 });
-                pin(0);
+                if !pin(first) {
+                    eprintln!("cannot pin the client to CPU {first}");
+                }
                 let fd = client.as_raw_fd();
                 let req = [1u8; REQUEST];
                 let mut reply = [0u8; REPLY];
