@@ -146,12 +146,13 @@ fn main() {
         eprintln!("cannot read this process's CPU affinity");
         std::process::exit(1);
     };
-    if io_uring::IoUring::new(8).is_err() {
+    let uring = io_uring::IoUring::new(8).is_ok();
+    if !uring {
         eprintln!("io_uring unavailable: its row is left out");
     }
     for round in 1..=rounds {
         for how in ["recv", "epoll", "poll", "io_uring"] {
-            if how == "io_uring" && io_uring::IoUring::new(8).is_err() {
+            if how == "io_uring" && !uring {
                 continue;
             }
             for (place, server_cpu) in [("one CPU", first), ("two CPUs", last)] {

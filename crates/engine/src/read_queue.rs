@@ -328,9 +328,13 @@ impl ReadQueue {
         }
     }
 
-    /// Hands the reads queued so far to the kernel without waiting (`wait` does it too).
+    /// Hands the reads queued so far to the kernel without waiting (`wait` does it too); no
+    /// system call when none is queued.
     pub fn submit(&mut self) {
         if let Some(ring) = &mut self.ring {
+            if ring.submission().is_empty() {
+                return;
+            }
             if let Err(e) = ring.submit() {
                 tracing::debug!(error = %e, "io_uring submit failed; retried at the next wait");
             }
@@ -345,13 +349,11 @@ impl ReadQueue {
     /// Submits the reads queued (in the same `io_uring_enter` as the wait) and waits until a
     /// read completes or `fd` (if given) is readable or hung up; true when `fd` may be: the
     /// poll stays armed across waits and can report bytes the caller read meanwhile, so the
-    /// caller reads `fd` without blocking. Returns at once, submitting nothing, when a
-    /// finished read is waiting to be taken, or when there is nothing to wait for.
+    /// caller reads `fd` without blocking. Returns at once, after submitting what is queued,
+    /// when a finished read is waiting to be taken, or when there is nothing to wait for.
     pub fn wait(&mut self, fd: Option<RawFd>) -> io::Result<bool> {
-        if !self.done.is_empty() {
-            return Ok(false);
-        }
-        if self.release_held() {
+        if !self.done.is_empty() || self.release_held() {
+            self.submit();
             return Ok(false);
         }
         let Some(ring) = self.ring.as_mut() else {

@@ -264,8 +264,8 @@ pub trait ReadQueue: Send {
     /// Hands the reads started to the devices (as [`ReadQueue::submit`]) and waits until a
     /// read finishes or `fd` (the connection's socket) is readable or hung up; true when
     /// `fd` may be (a poll can report bytes another read took meanwhile: the caller reads
-    /// without blocking). Returns at once when a finished read waits to be taken (the
-    /// caller takes it, and submits before it writes replies or waits again).
+    /// without blocking). Returns at once, the reads started handed over all the same, when
+    /// a finished read waits to be taken.
     fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool>;
     /// Passes the next finished read (token, data or error) to `f`; false when none.
     fn take(&mut self, f: &mut ReadDone<'_>) -> bool;
