@@ -406,7 +406,7 @@ pub fn decode_formats_seeds() -> Vec<(&'static str, Vec<u8>)> {
     d.read_at(0, &mut sb).unwrap();
     let mut hdr = flashpool_engine::aligned::AlignedBuf::zeroed(4096);
     d.read_at(1 << 20, &mut hdr).unwrap();
-    let mut cp = CheckpointWriter::new(2, &[0, 1, 2, 0], &[0, 3 << 20, 0, 0], 1);
+    let mut cp = CheckpointWriter::new(2, &[0, 1, 2, 0], &[0, 3 << 20, 0, 0], &[0, 0b111, 0, 0], 1);
     cp.volume(1, "v", 256 << 10, 1);
     cp.run(0, &[0x0100_0000_0000_0101, 0x0300_0000_0100_0002]);
     cp.run(9, &[0x0100_0000_0000_4201]);

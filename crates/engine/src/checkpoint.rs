@@ -1,7 +1,7 @@
 //! Taking a checkpoint: with writers held off, seal and write the open stripe, encode the
-//! pool's metadata (volumes, maps, segment states and the space their stripes took) and write
-//! it as erasure-coded stripes of kind Checkpoint; then, with writers going on, flush and point
-//! every drive's superblock at it.
+//! pool's metadata (volumes, maps, segment states, the space their stripes took and the members
+//! they have chunks on) and write it as erasure-coded stripes of kind Checkpoint; then, with
+//! writers going on, flush and point every drive's superblock at it.
 //!
 //! Writers wait only for the snapshot, not for the flush: on file drives the first flush after
 //! a long write can take most of a second (the host filesystem commits everything written
@@ -30,6 +30,15 @@ use crate::pool::Inner;
 use crate::stats::Stats;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
+
+/// The bits of members `0..n`.
+pub(crate) fn member_mask(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
 
 impl Inner {
     /// Writes a checkpoint of the whole pool state.
@@ -87,9 +96,26 @@ impl Inner {
                 }
             })
             .collect();
+        // Which members each segment holding data has chunks on (what a rebuild after a
+        // restart tests); "every member" where unknown stays that.
+        let every_member = member_mask(self.drives.len());
+        let members: Vec<u64> = w
+            .segs
+            .states
+            .iter()
+            .zip(&w.segs.drives_used)
+            .map(|(st, used)| {
+                if st.holds_data() {
+                    used & every_member
+                } else {
+                    0
+                }
+            })
+            .collect();
         let bytes = {
             let t = self.volumes.read();
-            let mut cw = CheckpointWriter::new(t.next_id, &states, &space, t.by_id.len() as u32);
+            let mut cw =
+                CheckpointWriter::new(t.next_id, &states, &space, &members, t.by_id.len() as u32);
             let mut ids: Vec<&u32> = t.by_id.keys().collect();
             ids.sort();
             for id in ids {

@@ -93,8 +93,9 @@ pub struct SegmentTable {
     gc_reserve: usize,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
-    /// Bit d set when segment s may hold a chunk on drive d (all bits for segments whose
-    /// history is unknown, after a restart).
+    /// Bit d set when segment s may hold a chunk on drive d: what a rebuild tests. Kept by
+    /// checkpoints (version 5 on) and the roll-forward; all bits where unknown (segments an
+    /// older checkpoint recorded, until they are rewritten).
     pub drives_used: Vec<u64>,
     next_seq_hint: u64,
 }

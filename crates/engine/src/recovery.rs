@@ -228,6 +228,19 @@ impl Inner {
             }
             self.written_slots[i].store(space, Ordering::Relaxed);
         }
+        // Which members a segment's stripes are on; before version 5 every member (as the
+        // table starts), until the segment is rewritten.
+        let every_member = crate::checkpoint::member_mask(self.drives.len());
+        for (i, &members) in img.segment_members.iter().enumerate() {
+            let holds_data = w.segs.states[i].holds_data();
+            if members & !every_member != 0 || (members != 0 && !holds_data) {
+                return Err(Error::corrupt(format!(
+                    "checkpoint says segment {i} is on members {members:#x} of {}",
+                    self.drives.len()
+                )));
+            }
+            w.segs.drives_used[i] = members;
+        }
         for &s in &cp.segments {
             w.segs.states[s as usize] = SegState::Checkpoint;
         }
@@ -299,6 +312,12 @@ impl Inner {
         let open_at_checkpoint: Vec<u32> = (0..self.geo.segment_count)
             .filter(|&s| w.segs.states[s as usize] == SegState::Open)
             .collect();
+        // A segment free at the checkpoint is on the members its replayed stripes are on.
+        for s in 0..w.segs.states.len() {
+            if w.segs.states[s] == SegState::Free {
+                w.segs.drives_used[s] = 0;
+            }
+        }
         let mut log: BTreeMap<u64, StripeDesc> = BTreeMap::new();
         for s in scan {
             self.scan_into_log(s, cp_end, &mut log);
@@ -330,6 +349,7 @@ impl Inner {
                 self.written_slots[d.segment as usize].fetch_add(space, Ordering::Relaxed);
             }
             w.segs.states[d.segment as usize] = SegState::Used;
+            w.segs.drives_used[d.segment as usize] |= d.members();
             for r in records {
                 if let Record::SegmentFree { segment } = *r {
                     self.free_segment_at(&mut w, segment, d.seq)?;
@@ -391,8 +411,11 @@ impl Inner {
             let fill = self.rewritten_since(s, cp_end);
             if let Some(f) = fill {
                 fills.insert(s, f);
-                // Its space is counted anew from the newest fill's stripes.
+                // Its space and members are counted anew from the newest fill's stripes.
                 self.written_slots[s as usize].store(0, Ordering::Relaxed);
+                w.segs.drives_used[s as usize] = 0;
+            } else if state == SegState::Free {
+                w.segs.drives_used[s as usize] = 0;
             }
             if fill.is_some() || state != SegState::Used {
                 self.scan_into_log(s, cp_end, &mut log);
@@ -459,6 +482,9 @@ impl Inner {
                 let space = Inner::stripe_space(&d.chunks, d.w, d.m);
                 self.written_slots[d.segment as usize].fetch_add(space, Ordering::Relaxed);
             }
+            if current {
+                w.segs.drives_used[d.segment as usize] |= d.members();
+            }
             w.segs.states[d.segment as usize] = SegState::Used;
         }
         // Never append after a crash point: open segments are closed as they are.
@@ -523,6 +549,7 @@ impl Inner {
         }
         w.segs.states[segment as usize] = SegState::Free;
         self.written_slots[segment as usize].store(0, Ordering::Relaxed);
+        w.segs.drives_used[segment as usize] = 0;
         Ok(())
     }
 

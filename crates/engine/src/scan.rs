@@ -38,6 +38,13 @@ impl StripeDesc {
             .position(|c| c.drive as usize == d && c.data_offset() <= off && off < c.end())
     }
 
+    /// The members its chunks (data and parity) are on, as a mask.
+    pub(crate) fn members(&self) -> u64 {
+        self.chunks
+            .iter()
+            .fold(0, |m, c| m | 1u64.checked_shl(c.drive as u32).unwrap_or(0))
+    }
+
     fn from_header(h: ChunkHeader) -> Self {
         StripeDesc {
             seq: h.seq,

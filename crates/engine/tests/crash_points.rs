@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use flashpool_engine::drive::{Drive, DriveLog, DriveOp, DriveRef, MemDrive, RecordingDrive};
+use flashpool_engine::drive::{DriveLog, DriveOp, DriveRef, MemDrive, RecordingDrive};
 use flashpool_engine::Pool;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;
@@ -20,50 +20,6 @@ struct HostOp {
     end: usize,
     /// Block contents it left (lba, contents), or None for a flush.
     effect: Option<Vec<(u64, Vec<u8>)>>,
-}
-
-fn image_at(
-    base: &[Arc<MemDrive>],
-    log: &[DriveOp],
-    cut: usize,
-    torn_sectors: Option<usize>,
-) -> Vec<DriveRef> {
-    let drives: Vec<Arc<MemDrive>> = base
-        .iter()
-        .map(|d| Arc::new(d.crash(|_, _| unreachable!())))
-        .collect();
-    for op in &log[..cut] {
-        match op {
-            DriveOp::Write {
-                drive,
-                offset,
-                data,
-            } => drives[*drive].write_at(*offset, data).unwrap(),
-            // The harshest discard: the range reads as zeros from then on.
-            DriveOp::Discard { drive, offset, len } => {
-                drives[*drive].discard(*offset, *len).unwrap()
-            }
-            DriveOp::Flush { .. } => {}
-        }
-    }
-    if let (
-        Some(n),
-        Some(DriveOp::Write {
-            drive,
-            offset,
-            data,
-        }),
-    ) = (torn_sectors, log.get(cut))
-    {
-        // Sectors past the tear keep their old contents: write whole 4 KiB blocks made of the
-        // new prefix and the old suffix.
-        let keep = (n * 512).min(data.len());
-        let mut cur = vec![0u8; data.len()];
-        drives[*drive].read_at(*offset, &mut cur).unwrap();
-        cur[..keep].copy_from_slice(&data[..keep]);
-        drives[*drive].write_at(*offset, &cur).unwrap();
-    }
-    as_refs(&drives)
 }
 
 /// The workload's mix.

@@ -15,6 +15,12 @@
 //! rounds (the generator stops after the first cleaning round that moved blocks and freed
 //! segments by log records without a checkpoint), then the trim and the write. Opened by the
 //! old rules, it runs on with a stamped log from its first checkpoint.
+//!
+//! `pool-cp4`: checkpoint version 4 (no segment members), a stamped log after it with
+//! relocations and segments reused without a checkpoint, written by
+//! `fixtures/pool-cp4/generate.rs.txt` at commit 7db095b: the cp3 workload with a 6 MiB
+//! checkpoint interval (three checkpoints), 12 rounds. Its segments open as on every member
+//! until rewritten.
 
 mod common;
 
@@ -117,4 +123,27 @@ fn checkpoint_version_2_pool_opens_and_takes_writes() {
 #[test]
 fn checkpoint_version_3_pool_with_an_unstamped_log_opens_and_takes_writes() {
     open_check_and_run_on("pool-cp3", 21);
+}
+
+#[test]
+fn checkpoint_version_4_pool_opens_and_takes_writes() {
+    open_check_and_run_on("pool-cp4", 12);
+}
+
+/// A version-4 pool (segments' members unknown: every member) loses a member after it opens,
+/// and rebuilds: everything holding data is moved, nothing is lost.
+#[test]
+fn checkpoint_version_4_pool_rebuilds_a_lost_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::open(unpack("pool-cp4", dir.path())).unwrap();
+    let holding = pool
+        .segments()
+        .iter()
+        .filter(|s| s.state == "used" || s.state == "open")
+        .count() as u64;
+    pool.fail_drive(2).unwrap();
+    let st = pool.rebuild().unwrap();
+    assert_eq!(st.total_segments, holding);
+    assert!(!pool.needs_rebuild());
+    check(&pool, 12, &|_| None);
 }

@@ -102,3 +102,113 @@ fn without_the_reserve_a_full_pool_cannot_rebuild() {
     assert!(st.last_error.unwrap().contains("no space"));
     verify(&p, &written, "degraded, rebuild refused");
 }
+
+/// A rebuild cut short (`kill -9`, a power cut) at each of its steps in a pool filled to the
+/// reserve: the pool reopens with the member still lost, and the next rebuild moves only what
+/// still depends on it and finishes. Which members a segment's stripes are on is kept by
+/// checkpoints and the roll-forward, so segments the cut-short rebuild already wrote (on the
+/// members left) are not moved again; when they were, a rebuild restarted in a full pool ran
+/// out of room (docs/RELIABILITY.md finding 34).
+#[test]
+fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
+    use flashpool_engine::drive::{DriveLog, DriveOp, DriveRef, RecordingDrive};
+    use rand::{RngExt, SeedableRng};
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    let seed = test_seed("a rebuild cut short", 34);
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+    let blank = mem_drives(5, false);
+    let log = DriveLog::new();
+    let recorded: Vec<DriveRef> = blank
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let copy = Arc::new(d.crash(|_, _| unreachable!()));
+            RecordingDrive::new(copy as DriveRef, i, log.clone()) as DriveRef
+        })
+        .collect();
+    let p = Pool::create(recorded, &small_config(4, 1)).unwrap();
+    p.set_rebuild_reserve(true);
+    p.create_volume_with("v", 256 << 20, flashpool_engine::Compression::Off)
+        .unwrap();
+    let written = fill(&p);
+    // What depends on member 1 when it is lost: every segment holding data (4+1 on five
+    // members: every stripe has a chunk on every member).
+    let depends: BTreeSet<u32> = p
+        .segments()
+        .iter()
+        .filter(|s| s.state == "used" || s.state == "open")
+        .map(|s| s.index)
+        .collect();
+    let failed_at = log.len();
+    p.fail_drive(1).unwrap();
+    let first = p.rebuild().unwrap();
+    assert_eq!(first.total_segments, depends.len() as u64);
+    drop(p);
+    let ops = log.ops();
+    let segment_size = small_config(4, 1).segment_size;
+    let segment_of =
+        |off: u64| ((off - flashpool_engine::format::superblock::DATA_START) / segment_size) as u32;
+
+    // Cuts: after each flush (each step made durable), and inside writes, torn.
+    let mut cuts: Vec<(usize, Option<usize>)> = (failed_at + 1..=ops.len())
+        .filter(|&c| {
+            matches!(ops[c - 1], DriveOp::Flush { .. })
+                && !matches!(ops.get(c), Some(DriveOp::Flush { .. }))
+        })
+        .map(|c| (c, None))
+        .collect();
+    let writes: Vec<usize> = (failed_at..ops.len())
+        .filter(|&i| matches!(ops[i], DriveOp::Write { .. }))
+        .collect();
+    for _ in 0..12 {
+        let i = writes[rng.random_range(0..writes.len())];
+        if let DriveOp::Write { data, .. } = &ops[i] {
+            cuts.push((i, Some(rng.random_range(1..data.len() / 512))));
+        }
+    }
+    // The images when the member was lost, which every cut starts from.
+    let at_failure = crash_drives(&blank, &ops, failed_at, None);
+    let mut resumed = 0;
+    for (cut, torn) in cuts {
+        let what = format!("seed {seed}: cut {cut} of {} (torn {torn:?})", ops.len());
+        // Segments the cut-short rebuild emptied and freed before the cut.
+        let freed: BTreeSet<u32> = ops[failed_at..cut]
+            .iter()
+            .filter_map(|op| match op {
+                DriveOp::Discard { offset, .. } => Some(segment_of(*offset)),
+                _ => None,
+            })
+            .collect();
+        let left = depends.difference(&freed).count() as u64;
+        let pool = Pool::open(image_at(
+            &at_failure,
+            &ops[failed_at..],
+            cut - failed_at,
+            torn,
+        ))
+        .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
+        pool.set_rebuild_reserve(true);
+        verify(&pool, &written, &what);
+        if pool.needs_rebuild() {
+            let st = pool
+                .rebuild()
+                .unwrap_or_else(|e| panic!("{what}: the resumed rebuild failed: {e}"));
+            assert!(
+                st.total_segments <= left,
+                "{what}: the resumed rebuild moves {} segments, at most {left} still depend on the lost member",
+                st.total_segments
+            );
+            assert!(!pool.needs_rebuild(), "{what}");
+            verify(&pool, &written, &format!("{what}, rebuilt"));
+            if !freed.is_empty() {
+                resumed += 1;
+            }
+        }
+    }
+    assert!(
+        resumed >= 3,
+        "seed {seed}: only {resumed} cuts fell after the rebuild freed segments and before it finished"
+    );
+}

@@ -12,19 +12,24 @@
 //! short: the version makes such a build refuse the pool instead. Version 4 has the same
 //! layout again and says the log after it is stamped (`header::Record`): recovery applies its
 //! records in stamp order, and an emptied segment may have been reused without a checkpoint,
-//! leaving gaps in the stripe sequence that are not the end of the log. Version 1 (the pool
-//! format's first) is still read; its segments' space is unknown until they are rewritten.
+//! leaving gaps in the stripe sequence that are not the end of the log. Version 5 adds which
+//! members each segment's stripes have chunks on (what a rebuild tests to decide whether a
+//! segment depends on a lost member); older versions read as "every member" for segments that
+//! hold data, as the pool had it in memory. Version 1 (the pool format's first) is still read;
+//! its segments' space is unknown until they are rewritten.
 
 use super::bytes::{Reader, Writer};
 use crate::error::{Error, Result};
 
 const CP_MAGIC: [u8; 4] = *b"FPCP";
 /// The version this build writes.
-pub const CHECKPOINT_VERSION: u32 = 4;
+pub const CHECKPOINT_VERSION: u32 = 5;
 /// The first version whose log after it is stamped.
 pub const STAMPED_LOG_VERSION: u32 = 4;
 /// The oldest version this build reads (no segment space).
 const CHECKPOINT_VERSION_1: u32 = 1;
+/// The first version with each segment's members.
+const MEMBERS_VERSION: u32 = 5;
 const END_OF_RUNS: u64 = u64::MAX;
 
 /// One volume in a checkpoint.
@@ -50,6 +55,9 @@ pub struct CheckpointImage {
     /// Per segment, the bytes (data and parity) its stripes took since it was last opened,
     /// 0 where unknown or free; empty when the checkpoint predates the field (version 1).
     pub segment_space: Vec<u64>,
+    /// Per segment, bit d set when its stripes may have a chunk on member d (0 for segments
+    /// that hold no data); empty when the checkpoint predates the field (before version 5).
+    pub segment_members: Vec<u64>,
     pub volumes: Vec<VolumeImage>,
 }
 
@@ -59,18 +67,24 @@ pub struct CheckpointWriter {
 }
 
 impl CheckpointWriter {
-    /// Starts a checkpoint with the pool-wide fields; `segment_space` has one entry per
-    /// segment, like `segment_states`.
+    /// Starts a checkpoint with the pool-wide fields; `segment_space` and `segment_members`
+    /// have one entry per segment, like `segment_states`.
     pub fn new(
         next_volume_id: u32,
         segment_states: &[u8],
         segment_space: &[u64],
+        segment_members: &[u64],
         volume_count: u32,
     ) -> Self {
         assert_eq!(
             segment_states.len(),
             segment_space.len(),
             "one space entry per segment"
+        );
+        assert_eq!(
+            segment_states.len(),
+            segment_members.len(),
+            "one members entry per segment"
         );
         let mut w = Writer::with_capacity(1 << 16);
         w.bytes(&CP_MAGIC);
@@ -82,6 +96,9 @@ impl CheckpointWriter {
         w.pad_to(8);
         for s in segment_space {
             w.u64(*s);
+        }
+        for m in segment_members {
+            w.u64(*m);
         }
         CheckpointWriter { w }
     }
@@ -146,6 +163,16 @@ impl CheckpointImage {
         } else {
             Vec::new()
         };
+        let segment_members = if version >= MEMBERS_VERSION {
+            if nseg > r.remaining() / 8 {
+                return Err(Error::corrupt(format!(
+                    "checkpoint of {nseg} segments is too short for their members"
+                )));
+            }
+            (0..nseg).map(|_| r.u64()).collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let mut volumes = Vec::with_capacity(nvol.min(1024));
         for _ in 0..nvol {
             let id = r.u32()?;
@@ -185,6 +212,7 @@ impl CheckpointImage {
             next_volume_id,
             segment_states,
             segment_space,
+            segment_members,
             volumes,
         })
     }
@@ -196,7 +224,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_truncation() {
-        let mut w = CheckpointWriter::new(5, &[0, 1, 2], &[0, 7 << 20, 0], 2);
+        let mut w = CheckpointWriter::new(5, &[0, 1, 2], &[0, 7 << 20, 0], &[0, 0b1011, 0], 2);
         w.volume(1, "a", 1 << 20, 1);
         w.run(0, &[1, 2, 3]);
         w.run(100, &[9]);
@@ -209,6 +237,7 @@ mod tests {
         assert_eq!(img.next_volume_id, 5);
         assert_eq!(img.segment_states, vec![0, 1, 2]);
         assert_eq!(img.segment_space, vec![0, 7 << 20, 0]);
+        assert_eq!(img.segment_members, vec![0, 0b1011, 0]);
         assert_eq!(
             img.volumes[0].runs,
             vec![(0, vec![1, 2, 3]), (100, vec![9])]
@@ -220,6 +249,24 @@ mod tests {
                 "truncated at {n}"
             );
         }
+    }
+
+    /// A version-4 checkpoint (space, no members) still decodes, with the members unknown.
+    #[test]
+    fn version_4_is_read_without_segment_members() {
+        let v5 = CheckpointWriter::new(1, &[1, 0], &[9, 0], &[3, 0], 0).finish();
+        // magic, version, next id, volumes, segments (20), states padded to 8 (24), space (40).
+        assert_eq!(v5.len(), 56);
+        let mut v4 = v5[..40].to_vec();
+        v4[4..8].copy_from_slice(&4u32.to_le_bytes());
+        let img = CheckpointImage::decode(&v4).unwrap();
+        assert_eq!(img.version, 4);
+        assert_eq!(img.segment_space, vec![9, 0]);
+        assert!(img.segment_members.is_empty());
+        // The same bytes called version 5 are short of their members.
+        let mut short = v4.clone();
+        short[4..8].copy_from_slice(&5u32.to_le_bytes());
+        assert!(CheckpointImage::decode(&short).is_err());
     }
 
     /// A version-1 checkpoint (no segment space), as the first format wrote it, still decodes:
@@ -248,10 +295,14 @@ mod tests {
         let img = CheckpointImage::decode(&w.buf).unwrap();
         assert_eq!(img.segment_states, vec![1, 0, 2]);
         assert!(img.segment_space.is_empty());
+        assert!(img.segment_members.is_empty());
         assert_eq!(img.volumes[0].runs, vec![(1, vec![0xC000_0000_0000_0001])]);
         let mut future = w.buf.clone();
-        future[4..8].copy_from_slice(&5u32.to_le_bytes());
+        future[4..8].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes());
         let err = CheckpointImage::decode(&future).unwrap_err().to_string();
-        assert!(err.contains("checkpoint version 5"), "{err}");
+        assert!(
+            err.contains(&format!("checkpoint version {}", CHECKPOINT_VERSION + 1)),
+            "{err}"
+        );
     }
 }

@@ -1,13 +1,71 @@
 //! Shared helpers of the engine's integration tests: small pools on memory or file drives.
 #![allow(dead_code)]
 
-use flashpool_engine::drive::{Drive, DriveInfo, DriveRef, FileDrive, MemDrive};
+use flashpool_engine::drive::{
+    CrashFate, Drive, DriveInfo, DriveOp, DriveRef, FileDrive, MemDrive,
+};
 use flashpool_engine::PoolConfig;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub const DRIVE_SIZE: u64 = 24 << 20;
+
+/// The drive images a power cut after the first `cut` operations of `log` would leave, from
+/// `base` (copied, not changed): a discard reads as zeros from then on (the harshest), and
+/// with `torn_sectors` the write at `cut` reached only its first that many 512-byte sectors
+/// (the rest keep their old contents).
+pub fn image_at(
+    base: &[Arc<MemDrive>],
+    log: &[DriveOp],
+    cut: usize,
+    torn_sectors: Option<usize>,
+) -> Vec<DriveRef> {
+    as_refs(&crash_drives(base, log, cut, torn_sectors))
+}
+
+/// `image_at`'s drives, as memory drives (to cut again from).
+pub fn crash_drives(
+    base: &[Arc<MemDrive>],
+    log: &[DriveOp],
+    cut: usize,
+    torn_sectors: Option<usize>,
+) -> Vec<Arc<MemDrive>> {
+    // Whatever `base` holds is the starting point, flushed or not.
+    let drives: Vec<Arc<MemDrive>> = base
+        .iter()
+        .map(|d| Arc::new(d.crash(|_, _| CrashFate::Persisted)))
+        .collect();
+    for op in &log[..cut] {
+        match op {
+            DriveOp::Write {
+                drive,
+                offset,
+                data,
+            } => drives[*drive].write_at(*offset, data).unwrap(),
+            DriveOp::Discard { drive, offset, len } => {
+                drives[*drive].discard(*offset, *len).unwrap()
+            }
+            DriveOp::Flush { .. } => {}
+        }
+    }
+    if let (
+        Some(n),
+        Some(DriveOp::Write {
+            drive,
+            offset,
+            data,
+        }),
+    ) = (torn_sectors, log.get(cut))
+    {
+        let keep = (n * 512).min(data.len());
+        let mut cur = vec![0u8; data.len()];
+        drives[*drive].read_at(*offset, &mut cur).unwrap();
+        cur[..keep].copy_from_slice(&data[..keep]);
+        drives[*drive].write_at(*offset, &cur).unwrap();
+    }
+    drives
+}
 
 /// A small geometry that exercises segment rollover quickly.
 pub fn small_config(k: usize, m: usize) -> PoolConfig {
