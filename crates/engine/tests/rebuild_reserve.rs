@@ -105,7 +105,7 @@ fn without_the_reserve_a_full_pool_cannot_rebuild() {
 
 /// A rebuild cut short (`kill -9`, a power cut) at each of its steps in a pool filled to the
 /// reserve: the pool reopens with the member still lost, and the next rebuild moves only what
-/// still depends on it and finishes. Which members a segment's stripes are on is kept by
+/// still depends on it and finishes, after which the pool survives another loss. Which members a segment's stripes are on is kept by
 /// checkpoints and the roll-forward, so segments the cut-short rebuild already wrote (on the
 /// members left) are not moved again; when they were, a rebuild restarted in a full pool ran
 /// out of room (docs/RELIABILITY.md finding 34).
@@ -205,6 +205,18 @@ fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
             if !freed.is_empty() {
                 resumed += 1;
             }
+        }
+        if !pool.needs_rebuild() && cut > failed_at + 1 {
+            // Rebuilt: nothing depends on the lost member any more (a segment the resumed
+            // rebuild skipped that did would now be short of two chunks), so the pool
+            // survives another loss.
+            let other = rng.random_range(2..5);
+            pool.fail_drive(other).unwrap();
+            verify(
+                &pool,
+                &written,
+                &format!("{what}, rebuilt, member {other} lost"),
+            );
         }
     }
     assert!(
