@@ -5,6 +5,7 @@
 
 use crate::error::Result;
 use crate::layout::{SegState, Stream};
+use crate::map::Entry;
 use crate::pool::{Inner, Pool};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -132,6 +133,19 @@ impl Inner {
             st.moved_bytes = self.stats.gc_relocated_bytes.load() - moved_before;
             st.elapsed_secs = started.elapsed().as_secs_f64();
         }
+        // What the victim list rests on (each segment's members, kept across restarts by
+        // checkpoints and the roll-forward): no live block is left on a lost member. A member
+        // retired with one would leave its stripe a chunk short for good.
+        let stranded = self.blocks_on(lost);
+        if stranded > 0 {
+            tracing::error!(
+                blocks = stranded,
+                "rebuild: live blocks still on lost members after every segment on them moved"
+            );
+            return Err(crate::error::Error::Unavailable(format!(
+                "rebuild: {stranded} live blocks still on lost members; lost drives stay in the pool"
+            )));
+        }
         for (i, slot) in self.drives.iter().enumerate() {
             if lost & (1 << i) != 0 {
                 slot.retired.store(true, Ordering::SeqCst);
@@ -152,6 +166,26 @@ impl Inner {
 }
 
 impl Inner {
+    /// How many mapped blocks have their data on a member in `members` (a mask).
+    fn blocks_on(&self, members: u64) -> u64 {
+        let volumes: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
+        let mut n = 0;
+        for v in volumes {
+            v.map.for_each_run(|_, entries| {
+                n += entries
+                    .iter()
+                    .filter(|e| match Entry::decode(**e) {
+                        Some(Entry::Media { drive, .. }) => {
+                            members & 1u64.checked_shl(drive as u32).unwrap_or(0) != 0
+                        }
+                        _ => false,
+                    })
+                    .count() as u64;
+            });
+        }
+        n
+    }
+
     /// Seals the open stripes of the data and GC streams, closes their segments (so their
     /// data can be moved like any other) and writes the sealed stripes. Sealing and closing
     /// are one step under the writer lock: a writer that opened a stripe in between would
