@@ -153,26 +153,20 @@ impl CheckpointImage {
         let nseg = r.u32()? as usize;
         let segment_states = r.take(nseg)?.to_vec();
         r.align(8)?;
-        let segment_space = if version >= 2 {
+        // One u64 per segment, from the version that added the field on (else empty).
+        let mut per_segment = |since: u32, what: &str| -> Result<Vec<u64>> {
+            if version < since {
+                return Ok(Vec::new());
+            }
             if nseg > r.remaining() / 8 {
                 return Err(Error::corrupt(format!(
-                    "checkpoint of {nseg} segments is too short for their space"
+                    "checkpoint of {nseg} segments is too short for their {what}"
                 )));
             }
-            (0..nseg).map(|_| r.u64()).collect::<Result<Vec<_>>>()?
-        } else {
-            Vec::new()
+            (0..nseg).map(|_| r.u64()).collect()
         };
-        let segment_members = if version >= MEMBERS_VERSION {
-            if nseg > r.remaining() / 8 {
-                return Err(Error::corrupt(format!(
-                    "checkpoint of {nseg} segments is too short for their members"
-                )));
-            }
-            (0..nseg).map(|_| r.u64()).collect::<Result<Vec<_>>>()?
-        } else {
-            Vec::new()
-        };
+        let segment_space = per_segment(2, "space")?;
+        let segment_members = per_segment(MEMBERS_VERSION, "members")?;
         let mut volumes = Vec::with_capacity(nvol.min(1024));
         for _ in 0..nvol {
             let id = r.u32()?;
