@@ -313,6 +313,9 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     pub gc_lock: Mutex<()>,
     pub rebuild_lock: Mutex<()>,
+    /// Taken to retire lost members (the end of a rebuild) or put one back in service
+    /// (`readmit_drive`), so a member is never both.
+    pub member_change: Mutex<()>,
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
@@ -491,6 +494,7 @@ impl Inner {
             closed: AtomicBool::new(false),
             gc_lock: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
+            member_change: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
@@ -1165,7 +1169,16 @@ impl Pool {
                 return Err(e);
             }
         }
-        slot.failed.store(false, Ordering::SeqCst);
+        {
+            // A rebuild that ran meanwhile may have retired it (its chunks are moved).
+            let _members = self.inner.member_change.lock();
+            if slot.retired.load(Ordering::SeqCst) {
+                return Err(Error::invalid(format!(
+                    "drive {index} was rebuilt and retired"
+                )));
+            }
+            slot.failed.store(false, Ordering::SeqCst);
+        }
         slot.by_request.store(false, Ordering::SeqCst);
         *slot.failure.lock() = None;
         self.inner.states_dirty.store(true, Ordering::SeqCst);

@@ -133,6 +133,10 @@ impl Inner {
             st.moved_bytes = self.stats.gc_relocated_bytes.load() - moved_before;
             st.elapsed_secs = started.elapsed().as_secs_f64();
         }
+        // A member put back in service meanwhile (`readmit`) is not retired: new stripes may
+        // be on it already.
+        let members = self.member_change.lock();
+        let lost = lost & self.lost_mask();
         // What the victim list rests on (each segment's members, kept across restarts by
         // checkpoints and the roll-forward): no live block is left on a lost member. A member
         // retired with one would leave its stripe a chunk short for good.
@@ -151,6 +155,7 @@ impl Inner {
                 slot.retired.store(true, Ordering::SeqCst);
             }
         }
+        drop(members);
         self.checkpoint()?; // persists the retired drives in the superblocks
         let mut st = self.rebuild_status.lock();
         st.running = false;

@@ -159,3 +159,50 @@ fn a_member_lost_around_a_restart_is_rebuilt_from_the_checkpoint_and_the_log() {
         }
     }
 }
+
+/// A member put back in service while a rebuild of it runs is not retired when the rebuild
+/// ends: stripes written since may be on it, and retiring it would drop their chunks there.
+#[test]
+fn a_member_readmitted_during_its_rebuild_stays_in_service() {
+    let mems = mem_drives(5, false);
+    let gate = Arc::new(Gate::default());
+    let drives: Vec<DriveRef> = mems
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let writes = (i == 0).then(|| gate.clone());
+            GatedDrive::new(m.clone(), writes, None) as DriveRef
+        })
+        .collect();
+    let pool = Arc::new(Pool::create(drives, &small_config(4, 1)).unwrap());
+    pool.create_volume("v", 4 << 20).unwrap();
+    let mut expect = HashMap::new();
+    write(&pool, &mut expect, 1, 1500);
+    pool.fail_drive(1).unwrap();
+    // The rebuild stops at its first write (moving the first segment); the member comes back
+    // meanwhile.
+    gate.set(true);
+    let p = pool.clone();
+    let rebuild = std::thread::spawn(move || p.rebuild());
+    while gate.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let p = pool.clone();
+    let readmit = std::thread::spawn(move || p.readmit_drive(1));
+    while pool.needs_rebuild() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    gate.set(false);
+    readmit.join().unwrap().unwrap();
+    rebuild.join().unwrap().unwrap();
+    assert_eq!(pool.drives()[1].state, "active");
+    // Stripes written now are on member 1 again, and it holds its share: losing another
+    // member still reads every block.
+    write(&pool, &mut expect, 7000, 600);
+    pool.fail_drive(3).unwrap();
+    verify(
+        &pool,
+        &expect,
+        "member 1 readmitted during its rebuild, 3 lost",
+    );
+}
