@@ -8,7 +8,8 @@
 #     than the stripe width: stripes narrow): no panic, no hang, fio verifies, status answers
 #     during and after; `drive readmit` of a failed member that was not rebuilt works online.
 #  3. Bit rot on one member's file under the running server: `flashpool scrub` finds it,
-#     repairs it, a second scrub is clean and fio verifies.
+#     repairs it, a second scrub is clean and fio verifies. Then a member failed, rebuilt and
+#     readmitted while its rebuild runs: it ends in service if the readmit said so.
 #  4. Sharp edges: `status | head -1` ends quietly; `volume resize` below written data needs
 #     --force; a busy --listen port or a bad address is refused before a data dir is made.
 set -euo pipefail
@@ -82,6 +83,39 @@ $PY -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['bad_chunks']=
 "$FP" status --data "$DATA" | grep -E "^errors: .* [1-9][0-9]* segments repaired" || die "status does not count the repair"
 fio "${JOB[@]}" --verify_only --output="$WORK/v3.out"
 no_verify_errors "$WORK/v3.out"
+
+# --- 3b. readmit while the member's rebuild runs, under load ---
+# A readmit that says the member is back leaves it in service (a rebuild that chose it before
+# must not retire it when it ends: RELIABILITY.md finding 35); one refused because the rebuild
+# got there first leaves it retired. Either way fio verifies and nothing is short of a chunk.
+fio "${JOB[@]}" --output="$WORK/w3b.out" &
+FIO=$!
+sleep 1
+"$FP" drive --data "$DATA" fail 1
+timeout 120 "$FP" drive --data "$DATA" rebuild > "$WORK/rebuild3b.out" 2>&1 &
+RB=$!
+for _ in $(seq 1 200); do
+    st=$("$FP" status --data "$DATA" --json | $PY -c "import json,sys; print(json.load(sys.stdin)['rebuild']['state'])")
+    [ "$st" = running ] && break
+    sleep 0.05
+done
+if timeout 120 "$FP" drive --data "$DATA" readmit 1 > "$WORK/readmit3b.out" 2>&1; then
+    want=active
+else
+    want=retired
+    grep -q "retired" "$WORK/readmit3b.out" || { cat "$WORK/readmit3b.out"; die "readmit during a rebuild refused for another reason"; }
+fi
+wait "$RB" || { cat "$WORK/rebuild3b.out"; die "the rebuild failed"; }
+wait "$FIO" || die "fio failed during the readmit"
+no_verify_errors "$WORK/w3b.out"
+"$FP" status --data "$DATA" --json | $PY -c "
+import json,sys
+v=json.load(sys.stdin); d=v['drives']; p=v['protection']
+assert d[1]['state']=='$want', ('readmit answered', '$want', d)
+assert p['members_down']==0 and v['rebuild']['state']=='idle', (p, v['rebuild'])
+print('readmit while its rebuild ran (rebuild was', '$st' + '): member 1', d[1]['state'], '|', p['summary'])"
+fio "${JOB[@]}" --verify_only --output="$WORK/v3b.out"
+no_verify_errors "$WORK/v3b.out"
 
 # --- 4. sharp edges ---
 # Like coreutils, the CLI is ended by SIGPIPE when head goes away (exit 141 for that side of
