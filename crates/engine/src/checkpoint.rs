@@ -82,36 +82,23 @@ impl Inner {
             .iter()
             .map(|s| if *s == SegState::Reclaimed { SegState::Free } else { *s } as u8)
             .collect();
-        // The cleaner's measure of segments holding data; the rest start from 0 when reused.
-        let space: Vec<u64> = w
-            .segs
-            .states
-            .iter()
-            .zip(&self.written_slots)
-            .map(|(st, slots)| {
-                if st.holds_data() {
-                    slots.load(Ordering::Relaxed)
-                } else {
-                    0
-                }
-            })
-            .collect();
-        // Which members each segment holding data has chunks on (what a rebuild after a
-        // restart tests); "every member" where unknown stays that.
+        // For each segment holding data, the cleaner's measure of it and which members it has
+        // chunks on (what a rebuild after a restart tests; "every member" where unknown stays
+        // that); the rest start from 0 when reused.
         let every_member = member_mask(self.drives.len());
-        let members: Vec<u64> = w
+        let (space, members): (Vec<u64>, Vec<u64>) = w
             .segs
             .states
             .iter()
-            .zip(&w.segs.drives_used)
-            .map(|(st, used)| {
+            .zip(self.written_slots.iter().zip(&w.segs.drives_used))
+            .map(|(st, (slots, used))| {
                 if st.holds_data() {
-                    used & every_member
+                    (slots.load(Ordering::Relaxed), used & every_member)
                 } else {
-                    0
+                    (0, 0)
                 }
             })
-            .collect();
+            .unzip();
         let bytes = {
             let t = self.volumes.read();
             let mut cw =
