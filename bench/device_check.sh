@@ -36,10 +36,9 @@ export FLASHPOOL=$fp
 python3 "$root/bench/disk_bench.py" --runtime 5 --rounds 1 --flashpool "$fp" \
     --workdir "$work/disk-bench" 2>&1 | tee "$out/disk_bench.txt"
 # A wrapper at $2 running build $1 with its connections on reactors (half the CPUs).
-on_reactors() {
-    printf '#!/bin/sh\nexec "%s" "$@" --nbd-reactors %s\n' "$1" $(( $(nproc) / 2 )) > "$2"
-    chmod +x "$2"
-}
+# shellcheck source=bench/wrap.sh
+source "$root/bench/wrap.sh"
+on_reactors() { wrap "$2" "\"$1\"" "--nbd-reactors $(( $(nproc) / 2 ))"; }
 # Threads against reactors on the points where they part (depth 32 and 1 MiB reads ahead on
 # reactors, depth 1 behind), three interleaved rounds with the raw file's points around them.
 on_reactors "$fp" "$work/fp-reactors"

@@ -43,13 +43,8 @@ half=$((n / 2))
     echo "cpus: $n  $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
     echo "filesystem: $(findmnt -n -o FSTYPE,SOURCE -T "$work")"
 } | tee "$out/machine.txt"
-# A wrapper at $1 that runs the rest of the line with serve's arguments appended.
-wrap() {
-    local at=$1
-    shift
-    printf '#!/bin/sh\nexec %s "$@" %s\n' "$1" "${2:-}" >"$at"
-    chmod +x "$at"
-}
+# shellcheck source=bench/wrap.sh
+source "$root/bench/wrap.sh" # wrap AT CMD [ARGS]: a server wrapper for the A/B script
 wrap "$work/reactors" "\"$fp\"" "--nbd-reactors $half"
 if command -v taskset >/dev/null && [ "$n" -ge 2 ]; then
     wrap "$work/pinned" "taskset -c $half-$((n - 1)) \"$fp\""
