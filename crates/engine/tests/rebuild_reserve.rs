@@ -11,8 +11,13 @@ use std::collections::HashMap;
 
 /// Writes distinct blocks until the pool answers ENOSPC; returns what was written.
 fn fill(pool: &Pool) -> HashMap<u64, u64> {
+    fill_up_to(pool, u64::MAX)
+}
+
+/// `fill`, stopping after `most` blocks.
+fn fill_up_to(pool: &Pool, most: u64) -> HashMap<u64, u64> {
     let vol = pool.volume("v").unwrap();
-    let blocks = vol.size() / 4096;
+    let blocks = (vol.size() / 4096).min(most);
     let mut written = HashMap::new();
     for lba in 0..blocks {
         match vol.write(lba * 4096, &block_for(lba + 1)) {
@@ -111,14 +116,28 @@ fn without_the_reserve_a_full_pool_cannot_rebuild() {
 /// out of room (docs/RELIABILITY.md finding 34).
 #[test]
 fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
+    // Filled to the reserve: 4+1 on five members; 2+1 on five, where a stripe does not span
+    // every member. 3+2 on six with two members lost at once, half as full (the reserve
+    // keeps room for losing one member, not two).
+    cut_short(4, 1, 5, &[1], u64::MAX, 34);
+    cut_short(2, 1, 5, &[3], u64::MAX, 36);
+    cut_short(3, 2, 6, &[1, 4], 5 << 10, 35);
+}
+
+/// Fills a `k`+`m` pool on `n` members with up to `blocks` blocks (or to ENOSPC), loses the
+/// members `lose`, records the rebuild and checks every cut of it.
+fn cut_short(k: usize, m: usize, n: usize, lose: &[usize], blocks: u64, default_seed: u64) {
     use flashpool_engine::drive::{DriveLog, DriveOp, DriveRef, RecordingDrive};
     use rand::{RngExt, SeedableRng};
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    let seed = test_seed("a rebuild cut short", 34);
+    let seed = test_seed(
+        &format!("a rebuild cut short, {k}+{m} on {n}, {lose:?} lost"),
+        default_seed,
+    );
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
-    let blank = mem_drives(5, false);
+    let blank = mem_drives(n, false);
     let log = DriveLog::new();
     let recorded: Vec<DriveRef> = blank
         .iter()
@@ -128,13 +147,13 @@ fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
             RecordingDrive::new(copy as DriveRef, i, log.clone()) as DriveRef
         })
         .collect();
-    let p = Pool::create(recorded, &small_config(4, 1)).unwrap();
+    let p = Pool::create(recorded, &small_config(k, m)).unwrap();
     p.set_rebuild_reserve(true);
     p.create_volume_with("v", 256 << 20, flashpool_engine::Compression::Off)
         .unwrap();
-    let written = fill(&p);
-    // What depends on member 1 when it is lost: every segment holding data (4+1 on five
-    // members: every stripe has a chunk on every member).
+    let written = fill_up_to(&p, blocks);
+    // What may depend on the lost members: every segment holding data (a segment's stripes
+    // rotate over every member).
     let depends: BTreeSet<u32> = p
         .segments()
         .iter()
@@ -142,12 +161,14 @@ fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
         .map(|s| s.index)
         .collect();
     let failed_at = log.len();
-    p.fail_drive(1).unwrap();
+    for &d in lose {
+        p.fail_drive(d).unwrap();
+    }
     let first = p.rebuild().unwrap();
-    assert_eq!(first.total_segments, depends.len() as u64);
+    assert!(first.total_segments <= depends.len() as u64);
     drop(p);
     let ops = log.ops();
-    let segment_size = small_config(4, 1).segment_size;
+    let segment_size = small_config(k, m).segment_size;
     let segment_of =
         |off: u64| ((off - flashpool_engine::format::superblock::DATA_START) / segment_size) as u32;
 
@@ -172,7 +193,10 @@ fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
     let at_failure = crash_drives(&blank, &ops, failed_at, None);
     let mut resumed = 0;
     for (cut, torn) in cuts {
-        let what = format!("seed {seed}: cut {cut} of {} (torn {torn:?})", ops.len());
+        let what = format!(
+            "{k}+{m} on {n}, {lose:?} lost, seed {seed}: cut {cut} of {} (torn {torn:?})",
+            ops.len()
+        );
         // Segments the cut-short rebuild emptied and freed before the cut.
         let freed: BTreeSet<u32> = ops[failed_at..cut]
             .iter()
@@ -210,7 +234,12 @@ fn a_rebuild_cut_short_resumes_with_only_what_is_left() {
             // Rebuilt: nothing depends on the lost member any more (a segment the resumed
             // rebuild skipped that did would now be short of two chunks), so the pool
             // survives another loss.
-            let other = rng.random_range(2..5);
+            let other = loop {
+                let o = rng.random_range(0..n);
+                if !lose.contains(&o) {
+                    break o;
+                }
+            };
             pool.fail_drive(other).unwrap();
             verify(
                 &pool,
