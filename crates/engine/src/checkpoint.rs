@@ -31,15 +31,6 @@ use crate::stats::Stats;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
-/// The bits of members `0..n`.
-pub(crate) fn member_mask(n: usize) -> u64 {
-    if n >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << n) - 1
-    }
-}
-
 impl Inner {
     /// Writes a checkpoint of the whole pool state.
     pub(crate) fn checkpoint(&self) -> Result<()> {
@@ -85,7 +76,7 @@ impl Inner {
         // For each segment holding data, the cleaner's measure of it and which members it has
         // chunks on (what a rebuild after a restart tests; "every member" where unknown stays
         // that); the rest start from 0 when reused.
-        let every_member = member_mask(self.drives.len());
+        let every_member = crate::layout::member_mask(self.drives.len());
         let (space, members): (Vec<u64>, Vec<u64>) = w
             .segs
             .states

@@ -82,6 +82,17 @@ struct Cursor {
     fill_start: u64,
 }
 
+/// The bit of member `d` in a member mask (`SegmentTable::drives_used`, a rebuild's lost
+/// members); none for an index past the mask (only a corrupt header names one).
+pub(crate) fn member_bit(d: usize) -> u64 {
+    1u64.checked_shl(d as u32).unwrap_or(0)
+}
+
+/// The bits of members `0..n`.
+pub(crate) fn member_mask(n: usize) -> u64 {
+    (0..n).fold(0, |m, d| m | member_bit(d))
+}
+
 /// Segment states and stream cursors; owned by the writer lock.
 pub struct SegmentTable {
     geo: Geometry,

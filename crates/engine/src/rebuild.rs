@@ -173,6 +173,9 @@ impl Inner {
 impl Inner {
     /// How many mapped blocks have their data on a member in `members` (a mask).
     fn blocks_on(&self, members: u64) -> u64 {
+        if members == 0 {
+            return 0;
+        }
         let volumes: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
         let mut n = 0;
         for v in volumes {
@@ -181,7 +184,7 @@ impl Inner {
                     .iter()
                     .filter(|e| match Entry::decode(**e) {
                         Some(Entry::Media { drive, .. }) => {
-                            members & 1u64.checked_shl(drive as u32).unwrap_or(0) != 0
+                            members & crate::layout::member_bit(drive as usize) != 0
                         }
                         _ => false,
                     })

@@ -230,7 +230,7 @@ impl Inner {
         }
         // Which members a segment's stripes are on; before version 5 every member (as the
         // table starts), until the segment is rewritten.
-        let every_member = crate::checkpoint::member_mask(self.drives.len());
+        let every_member = crate::layout::member_mask(self.drives.len());
         for (i, &members) in img.segment_members.iter().enumerate() {
             let holds_data = w.segs.states[i].holds_data();
             if members & !every_member != 0 || (members != 0 && !holds_data) {

@@ -42,7 +42,7 @@ impl StripeDesc {
     pub(crate) fn members(&self) -> u64 {
         self.chunks
             .iter()
-            .fold(0, |m, c| m | 1u64.checked_shl(c.drive as u32).unwrap_or(0))
+            .fold(0, |m, c| m | crate::layout::member_bit(c.drive as usize))
     }
 
     fn from_header(h: ChunkHeader) -> Self {
