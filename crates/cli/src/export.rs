@@ -37,6 +37,13 @@ impl Export for VolumeExport {
     fn read_queue(&self) -> Option<Box<dyn flashpool_nbd::ReadQueue>> {
         VolumeReads::new(&self.0).map(|q| Box::new(q) as Box<dyn flashpool_nbd::ReadQueue>)
     }
+    /// A pool that refuses writes when the client connects is exported read-only (the
+    /// client then knows, as `nbdinfo` shows), rather than failing each write with EPERM.
+    /// Asked at the handshake: a pool that turns writable later serves writes to clients
+    /// that connect after.
+    fn read_only(&self) -> bool {
+        !self.0.writable()
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         if fua {
             self.0.write_fua(offset, data)

@@ -44,10 +44,11 @@ impl std::str::FromStr for GcPolicy {
 pub(crate) struct RoomNow {
     /// Data bytes per byte of data and parity in today's stripes.
     data_fraction: f64,
-    /// Data bytes a whole segment holds (measured against when a segment's own stripes are
-    /// unknown: used before a restart from a version-1 checkpoint). Measuring against full
-    /// width while drives are out would make every segment look worth cleaning and the
-    /// cleaner churn.
+    /// Data bytes a whole segment holds in full stripes at today's width, counting each
+    /// chunk's header at the most it takes for full stripes (`Inner::segment_data`): never
+    /// more than a segment really holds, so a segment measured against it is never taken for
+    /// emptier than it is. Measuring against full width while drives are out would make every
+    /// segment look worth cleaning and the cleaner churn.
     segment_capacity: f64,
 }
 
@@ -55,19 +56,14 @@ impl Inner {
     /// What a segment's space holds at today's stripe width (narrower while drives are out),
     /// taken once per victim choice.
     pub(crate) fn room_now(&self) -> RoomNow {
-        let up = self.healthy().iter().filter(|h| **h).count() as u64;
-        let m = self.geo.m as u64;
-        let w = (self.width.load(Ordering::Relaxed) as u64)
+        let up = self.healthy().iter().filter(|h| **h).count();
+        let m = self.geo.m as usize;
+        let w = (self.width.load(Ordering::Relaxed) as usize)
             .min(up.saturating_sub(m))
             .max(1);
-        // A chunk takes its data plus a header of one or two blocks (not the worst-case header
-        // room a stripe reserves, which would make segments look fuller than they are).
-        let per_chunk = self.shape.chunk_size as u64 + 2 * crate::format::BLOCK as u64;
         RoomNow {
             data_fraction: w as f64 / (w + m) as f64,
-            segment_capacity: ((self.geo.segment_size / per_chunk)
-                * self.shape.chunk_size as u64
-                * w) as f64,
+            segment_capacity: self.segment_data(up.max(w + m), w) as f64,
         }
     }
 
@@ -90,15 +86,21 @@ impl Inner {
     /// width than today's counts at today's: one written narrow while drives were out is
     /// worth cleaning once the pool is wider again (its data packs into less space), and one
     /// written wide is not worth cleaning while the pool is narrow (its data would take more).
+    ///
+    /// Two measures, the lower taken: live data against the space the segment's stripes took
+    /// (exact for a segment filled with full stripes: headers cancel out), and against what a
+    /// whole segment holds (`RoomNow::segment_capacity`), which sees the space a segment never
+    /// received: one closed part-written (every open closes the segments open before it, a
+    /// rebuild closes them before it starts) or filled with stripes sealed small by flushes.
+    /// Without the second, such a segment counted as full for as long as its data lived, and a
+    /// pool restarted often with cold data ran out of room far below its capacity.
     pub(crate) fn utilisation(&self, seg: usize, now: &RoomNow) -> f64 {
         let live = self.live[seg].load(Ordering::Relaxed) as f64;
         let slots = self.written_slots[seg].load(Ordering::Relaxed) as f64;
-        let room = if slots > 0.0 {
-            // What the space its stripes took holds at today's data fraction.
-            slots * now.data_fraction
-        } else {
-            now.segment_capacity // unknown: used before a restart from a version-1 checkpoint
-        };
+        // What the space its stripes took holds at today's data fraction; unknown (0) for a
+        // segment used before a restart from a version-1 checkpoint.
+        let taken = slots * now.data_fraction;
+        let room = taken.max(now.segment_capacity);
         (live / room).min(1.0)
     }
 
@@ -209,7 +211,17 @@ impl Inner {
     /// Moves every live block out of segment `seg`; marks it Reclaimed when none is left.
     /// `urgent` as for `relocate_stripe`: true for the cleaner, false for a rebuild, whose
     /// moves into narrower stripes may take more room than they free.
+    /// The caller holds the cleaner's lock and found the segment Used under it (so it stays
+    /// Used: only the cleaner moves a segment on from there).
     pub(crate) fn clean_segment(&self, seg: u32, urgent: bool) -> Result<bool> {
+        let state = self.writer.lock().segs.states[seg as usize];
+        debug_assert!(
+            state == SegState::Used,
+            "segment {seg} cleaned while {state:?}"
+        );
+        if state != SegState::Used {
+            return Ok(false);
+        }
         self.segment_settled(seg)?;
         if self.reclaim_if_dead_and_covered(seg) {
             return Ok(true);

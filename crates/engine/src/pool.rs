@@ -319,6 +319,10 @@ pub(crate) struct Inner {
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
+    /// `read_only` was set at open because no more than m members were in service: putting
+    /// one back (`readmit_drive`) lifts it, or the pool could never record that member's
+    /// return (its superblocks are not written while read-only).
+    pub short_of_members: AtomicBool,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
     /// Drives presented at open that are not members, with the reason (for status).
     pub ignored: Mutex<Vec<crate::assembly::IgnoredDrive>>,
@@ -497,6 +501,7 @@ impl Inner {
             member_change: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
+            short_of_members: AtomicBool::new(false),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
             ignored: Mutex::new(Vec::new()),
             states_dirty: AtomicBool::new(false),
@@ -620,7 +625,7 @@ impl Inner {
     /// full stripes even at 2:1 compression, while the worst-case room `chunk_need` reserves
     /// (a flush of a nearly empty stripe of tiny compressed blocks) would understate a full
     /// pool's capacity by a fifth.
-    fn segment_data(&self, drives: usize, w: usize) -> u64 {
+    pub(crate) fn segment_data(&self, drives: usize, w: usize) -> u64 {
         let m = self.geo.m as usize;
         if w == 0 {
             return 0;
@@ -1163,7 +1168,9 @@ impl Pool {
         // chunk on it: move their segments' live data first (the member still out of service,
         // so the new stripes avoid it).
         let missed = std::mem::take(&mut *slot.missed.lock());
-        if !missed.is_empty() {
+        // A pool short of members cannot write until the member is back: move them after.
+        let short = self.inner.short_of_members.load(Ordering::SeqCst);
+        if !missed.is_empty() && !short {
             if let Err(e) = self.inner.relocate_segments(&missed) {
                 slot.missed.lock().extend(missed);
                 return Err(e);
@@ -1183,7 +1190,34 @@ impl Pool {
         *slot.failure.lock() = None;
         self.inner.states_dirty.store(true, Ordering::SeqCst);
         tracing::info!(drive = index, "drive back in service");
+        self.resume_writes_if_enough_members()?;
+        if !missed.is_empty() && short {
+            // Until they move, a read of their chunk on this member finds the stale copy by
+            // its CRC and rebuilds the block from the others.
+            self.inner.relocate_segments(&missed)?;
+        }
         self.sync_member_states()
+    }
+
+    /// Lifts the read-only state an open set for want of members once more than m are in
+    /// service again, and ends the open as a writable one does: with a checkpoint, which
+    /// records the members' states in every superblock. (Degraded stripes the open would have
+    /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.)
+    fn resume_writes_if_enough_members(&self) -> Result<()> {
+        let i = &self.inner;
+        let up = i.healthy().iter().filter(|h| **h).count();
+        if !i.short_of_members.load(Ordering::SeqCst) || up <= i.geo.m as usize {
+            return Ok(());
+        }
+        {
+            let mut ro = i.read_only.lock();
+            if !i.short_of_members.swap(false, Ordering::SeqCst) {
+                return Ok(());
+            }
+            *ro = None;
+        }
+        tracing::info!(up, "enough members in service: the pool takes writes again");
+        i.checkpoint()
     }
 
     /// Marks member `index` failed (`flashpool drive fail`): the pool continues degraded,
@@ -1221,6 +1255,11 @@ impl Pool {
     /// Writes member states to the superblocks if a member changed state since they were last
     /// written (a server calls this periodically, so failures found by I/O errors persist
     /// within moments, not at the next checkpoint).
+    ///
+    /// Once no more members than parity chunks are in service, no stripe can be written: the
+    /// pool turns read-only then (after recording the states), as an open in that state does,
+    /// so writes fail at once with the reason, a close does not try to checkpoint, and putting
+    /// a member back (`readmit_drive`) makes it writable again.
     pub fn sync_member_states(&self) -> Result<()> {
         let i = &self.inner;
         if !i.states_dirty.load(Ordering::SeqCst)
@@ -1229,7 +1268,21 @@ impl Pool {
         {
             return Ok(());
         }
-        i.persist_member_states()
+        i.persist_member_states()?;
+        let up = i.healthy().iter().filter(|h| **h).count();
+        if up <= i.geo.m as usize {
+            let mut ro = i.read_only.lock();
+            if ro.is_none() {
+                let why = format!(
+                    "only {up} drives in service: read-only until drives return (or `flashpool \
+                     drive readmit N` puts a failed one back)"
+                );
+                tracing::warn!("{why}");
+                *ro = Some(why);
+                i.short_of_members.store(true, Ordering::SeqCst);
+            }
+        }
+        Ok(())
     }
 
     /// When and why each member went out of service in this process, by index.

@@ -100,20 +100,26 @@ impl Inner {
         for (n, seg) in victims.iter().enumerate() {
             // Moves into narrower stripes may take more room than they free, so they leave the
             // cleaner's reserve alone; garbage elsewhere is cleaned first when room runs low.
-            let (low, still_needed) = {
+            let low = {
                 let w = self.writer.lock();
-                (
-                    w.segs.free_count() <= w.segs.low_water() + 1,
-                    w.segs.states[*seg as usize] == SegState::Used
-                        && w.segs.drives_used[*seg as usize] & lost != 0,
-                )
+                w.segs.free_count() <= w.segs.low_water() + 1
             };
             if low {
                 self.gc_foreground()?;
             }
-            if still_needed {
+            // Whether the segment still holds what depends on a lost member, asked under the
+            // cleaner's lock and after its foreground run: that run may have emptied it, and
+            // the cleaner's stream may have taken it again once freed (relocating out of the
+            // segment a stream is appending to would move its blocks into itself).
+            {
                 let _cleaner = self.gc_lock.lock();
-                if !self.clean_segment(*seg, false)?
+                let still_needed = {
+                    let w = self.writer.lock();
+                    w.segs.states[*seg as usize] == SegState::Used
+                        && w.segs.drives_used[*seg as usize] & lost != 0
+                };
+                if still_needed
+                    && !self.clean_segment(*seg, false)?
                     && self.live[*seg as usize].load(Ordering::Relaxed) != 0
                 {
                     return Err(crate::error::Error::Unavailable(format!(
@@ -226,18 +232,16 @@ impl Inner {
         let _one_rebuild = self.rebuild_lock.lock();
         self.close_open_segments()?;
         for &seg in segments {
-            let (low, holds) = {
+            let low = {
                 let w = self.writer.lock();
-                (
-                    w.segs.free_count() <= w.segs.low_water() + 1,
-                    w.segs.states[seg as usize] == SegState::Used,
-                )
+                w.segs.free_count() <= w.segs.low_water() + 1
             };
             if low {
                 self.gc_foreground()?;
             }
-            if holds {
-                let _cleaner = self.gc_lock.lock();
+            // Asked under the cleaner's lock, after its foreground run (as in `rebuild`).
+            let _cleaner = self.gc_lock.lock();
+            if self.writer.lock().segs.states[seg as usize] == SegState::Used {
                 self.clean_segment(seg, false)?;
             }
         }

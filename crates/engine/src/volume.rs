@@ -170,6 +170,13 @@ impl Volume {
         len >= (stripe_data / 4).max(B) && !self.pool.drives_complete_inline()
     }
 
+    /// Whether the pool takes writes now (not read-only: too few members in service, an
+    /// earlier write failure beyond parity, or opened read-only). Front-ends ask it when a
+    /// client connects, to advertise a read-only export rather than fail every write.
+    pub fn writable(&self) -> bool {
+        self.pool.check_failed().is_ok()
+    }
+
     /// Whether a write may wait for a drive now, whatever its size: every stripe buffer is
     /// taken (the drives lag the writers), so a write that fills the open stripe waits for one
     /// to be written. A hint for a thread that serves many clients (a reactor): it runs

@@ -52,6 +52,8 @@ pub fn flashpool(args: &[&str]) -> Output {
 pub struct Nbd {
     c: TcpStream,
     pub size: u64,
+    /// The export's transmission flags (`proto::FLAG_*`).
+    pub flags: u16,
     cookie: u64,
 }
 
@@ -88,6 +90,7 @@ impl Nbd {
         Ok(Nbd {
             c,
             size: u64::from_be_bytes(info[..8].try_into().unwrap()),
+            flags: u16::from_be_bytes([info[8], info[9]]),
             cookie: 0,
         })
     }

@@ -1,0 +1,80 @@
+//! A pool left with no more members in service than parity chunks, as a user meets it through
+//! `flashpool serve`: it turns read-only (clients that connect get a read-only export, reads
+//! go on), `drive readmit` puts a member back and the pool takes writes again at once, and that
+//! survives a restart (docs/RELIABILITY.md finding 45: before, the readmit was never recorded
+//! and the pool stayed read-only for good).
+
+mod common;
+
+use common::{flashpool, s, Nbd, Server, TempDir};
+use flashpool_nbd::proto::FLAG_READ_ONLY;
+
+fn ok(args: &[&str]) -> String {
+    let out = flashpool(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: exit {:?}: {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn block(seed: u8) -> Vec<u8> {
+    (0..4096u32)
+        .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+        .collect()
+}
+
+#[test]
+fn a_pool_short_of_members_is_read_only_until_a_member_is_readmitted() {
+    let tmp = TempDir::new("short-of-members", "readmit");
+    let data = tmp.0.join("data");
+    let d = s(&data);
+    let args = ["--ec", "2+2", "--drives", "4", "--rebuild-delay", "100000"];
+    let srv = Server::start(&data, &args);
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    assert_eq!(c.flags & FLAG_READ_ONLY, 0, "a new pool takes writes");
+    for i in 0..64u64 {
+        c.write(i * 4096, &block(i as u8 + 1));
+    }
+    c.flush();
+    c.disconnect();
+
+    // Two of four members out: a stripe needs three.
+    ok(&["drive", "--data", d, "fail", "0"]);
+    ok(&["drive", "--data", d, "fail", "1"]);
+    let status = ok(&["status", "--data", d]);
+    assert!(status.contains("READ-ONLY"), "{status}");
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    assert_ne!(c.flags & FLAG_READ_ONLY, 0, "exported read-only");
+    for i in 0..64u64 {
+        assert!(c.read(i * 4096, 4096) == block(i as u8 + 1), "block {i}");
+    }
+    c.disconnect();
+
+    let out = ok(&["drive", "--data", d, "readmit", "1"]);
+    assert!(out.contains("back in service"), "{out}");
+    let status = ok(&["status", "--data", d]);
+    assert!(!status.contains("READ-ONLY"), "{status}");
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    assert_eq!(c.flags & FLAG_READ_ONLY, 0, "writable again");
+    c.write(0, &block(200));
+    c.flush();
+    c.disconnect();
+    srv.stop();
+
+    // The readmit was recorded: the pool opens writable, member 1 in service.
+    let srv = Server::start(&data, &args);
+    let status = ok(&["status", "--data", d]);
+    assert!(!status.contains("READ-ONLY"), "after a restart: {status}");
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    assert_eq!(c.flags & FLAG_READ_ONLY, 0, "writable after a restart");
+    assert!(c.read(0, 4096) == block(200), "block 0 after a restart");
+    for i in 1..64u64 {
+        assert!(c.read(i * 4096, 4096) == block(i as u8 + 1), "block {i}");
+    }
+    c.disconnect();
+    srv.stop();
+}
