@@ -230,6 +230,7 @@ pub fn spawn(
             traddr: String::new(),
             trsvcid: String::new(),
             tls,
+            deadlines: Default::default(),
         },
     )
     .with_context(|| format!("--nvme-tcp {addr}: cannot listen there"))?;

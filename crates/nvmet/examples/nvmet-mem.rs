@@ -112,9 +112,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let config = TargetConfig {
         subsystems: vec![sub],
-        traddr: String::new(),
-        trsvcid: String::new(),
         tls,
+        ..Default::default()
     };
     let server = Server::bind(listen.as_str(), config)?;
     let stop = server.shutdown_handle();

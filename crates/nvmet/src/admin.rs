@@ -199,7 +199,7 @@ fn set_features(ctrl: &Controller, cmd: &Command) -> Outcome {
             Outcome::ok()
         }
         FID_VWC if !ctrl.is_discovery() => {
-            ctrl.regs().vwc = v & 1 == 1;
+            ctrl.set_write_cache(v & 1 == 1);
             Outcome::ok()
         }
         _ => Outcome::status(Status::INVALID_FIELD),
@@ -220,7 +220,7 @@ fn get_features(ctrl: &Controller, cmd: &Command) -> Outcome {
         }
         FID_KATO => Outcome::result(ctrl.kato_ms.load(std::sync::atomic::Ordering::Relaxed) as u64),
         FID_ASYNC_EVENT => Outcome::result(r.aec as u64),
-        FID_VWC if !ctrl.is_discovery() => Outcome::result(r.vwc as u64),
+        FID_VWC if !ctrl.is_discovery() => Outcome::result(ctrl.write_cache_enabled() as u64),
         _ => Outcome::status(Status::INVALID_FIELD),
     }
 }

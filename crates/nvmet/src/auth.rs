@@ -73,9 +73,10 @@ pub const FAIL_INCORRECT_MESSAGE: u8 = 0x07;
 /// DH group IDs: 0 NULL (no exchange), 1..=5 ffdhe2048..ffdhe8192.
 pub const DHGROUP_NULL: u8 = 0;
 
-/// How long a queue may stay connected without authenticating (Linux's
-/// target uses KATO, or 120 s); then its connection closes, so a host that
-/// claims an NQN but holds no secret cannot keep controllers busy.
+/// The default of [`crate::controller::Deadlines::auth_deadline`] (why 30 s: see
+/// there): how long a queue may stay connected without authenticating; then its
+/// connection closes, so a host that claims an NQN but holds no secret cannot
+/// keep controllers busy.
 pub const AUTH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Size of the fixed part of Challenge, Reply and Success1.
@@ -230,9 +231,10 @@ impl QueueAuth {
         self.authenticated
     }
 
-    /// Not authenticated [`AUTH_DEADLINE`] after Connect: the connection must close.
-    pub fn expired(&self) -> bool {
-        !self.authenticated && self.since.elapsed() > AUTH_DEADLINE
+    /// Not authenticated `deadline` (the target's auth deadline, by default
+    /// [`AUTH_DEADLINE`]) after Connect: the connection must close.
+    pub fn expired(&self, deadline: std::time::Duration) -> bool {
+        !self.authenticated && self.since.elapsed() > deadline
     }
 
     /// The hash and DH group of the last transaction (logs, tests).

@@ -43,6 +43,16 @@
 //! A framing error or a header digest error sends a C2HTermReq and closes the
 //! connection; a data digest error fails that command with a Transient
 //! Transport Error.
+//!
+//! Lifetime: before every PDU, and every [`POLL_INTERVAL`] while the host is
+//! silent, the reader checks that the queue should live on (server shutdown,
+//! keep-alive, its controller not torn down, the authentication deadline, and
+//! the connect deadline until Connect succeeds), so a host that keeps sending
+//! cannot outlive any of them. Writes to the host are bounded by the send
+//! timeout: a host that stops reading loses the connection instead of wedging
+//! the thread that writes to it. The deadlines are the target's
+//! ([`crate::controller::Deadlines`], in its config; defaults [`SEND_TIMEOUT`],
+//! [`CONNECT_DEADLINE`], [`crate::auth::AUTH_DEADLINE`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -51,7 +61,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::Scope;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::controller::{
     Controller, Target, IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, QUEUE_SIZE,
@@ -69,8 +79,18 @@ use crate::status::Status;
 /// wait (their R2T is delayed) until earlier ones complete.
 pub const MAX_R2T_BYTES: usize = 8 << 20;
 
-/// How often a blocked read wakes to check keep-alive and shutdown.
+/// How often a blocked read wakes to check keep-alive and shutdown (they are also checked
+/// before every PDU, so a host that keeps sending cannot outlive them).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The default of [`crate::controller::Deadlines::send_timeout`] (why 30 s: see there): how
+/// long one batch of responses may take to reach the socket before the connection is
+/// dropped.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default of [`crate::controller::Deadlines::connect_deadline`] (why 30 s: see there):
+/// how long a connection may take from its start to a successful Connect.
+pub const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Worker threads per queue for commands that may wait for a device.
 pub const WORKERS_PER_QUEUE: usize = 4;
@@ -270,6 +290,8 @@ pub type Closer<'a> = &'a (dyn Fn(Shutdown) + Sync);
 /// What the reader shares with the workers.
 struct Shared<'c, W> {
     writer: Mutex<WriteSide<W>>,
+    /// How long one batch of responses may take to reach the socket.
+    send_timeout: Duration,
     closer: Closer<'c>,
     unsent: Mutex<Unsent>,
     /// `unsent.bytes` dropped.
@@ -291,7 +313,10 @@ struct Shared<'c, W> {
 /// Serve one connection until it ends. Never panics on any input.
 pub fn serve(stream: TcpStream, target: Arc<Target>, shutdown: Arc<AtomicBool>) -> End {
     let _ = stream.set_nodelay(true);
-    if let Err(e) = stream.set_read_timeout(Some(POLL_INTERVAL)) {
+    if let Err(e) = stream
+        .set_read_timeout(Some(POLL_INTERVAL))
+        .and_then(|()| stream.set_write_timeout(Some(target.config.deadlines.send_timeout)))
+    {
         return End::Io(e);
     }
     let (w, closer) = match (stream.try_clone(), stream.try_clone()) {
@@ -328,7 +353,10 @@ pub fn serve_tls(
     target: Arc<Target>,
     shutdown: Arc<AtomicBool>,
 ) -> End {
-    if let Err(e) = plain.set_read_timeout(Some(POLL_INTERVAL)) {
+    if let Err(e) = plain
+        .set_read_timeout(Some(POLL_INTERVAL))
+        .and_then(|()| plain.set_write_timeout(Some(target.config.deadlines.send_timeout)))
+    {
         return End::Io(e);
     }
     let (w, closer) = match (plain.try_clone(), plain.try_clone()) {
@@ -353,7 +381,8 @@ pub fn serve_tls(
 
 /// Serve one queue over any transport: `reader` gives what the host sends
 /// (a read that times out with `WouldBlock` or `TimedOut` lets the queue check
-/// keep-alive and shutdown), `writer` takes what the target sends, `closer`
+/// keep-alive and shutdown), `writer` takes what the target sends (a write that
+/// fails, a timed-out one included, ends the queue), `closer`
 /// shuts the transport (to unblock a worker writing when the queue is torn
 /// down), `local_addr` is reported in the discovery log. [`serve`] is this
 /// over a TCP connection; the fuzz target runs it over bytes in memory.
@@ -389,6 +418,7 @@ fn serve_queue<R: Read, W: Write + Send>(
             w: writer,
             spare: Vec::new(),
         }),
+        send_timeout: target.config.deadlines.send_timeout,
         closer,
         unsent: Mutex::new(Unsent::default()),
         sent: Condvar::new(),
@@ -428,6 +458,7 @@ fn serve_queue<R: Read, W: Write + Send>(
             next_ttag: 0,
             socket,
             queued: ReadQueues::default(),
+            started: Instant::now(),
         };
         let end = r.run();
         r.finish(&end);
@@ -491,8 +522,12 @@ fn readable_now(fd: RawFd) -> bool {
     unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
 }
 
-/// Write whole buffers with as few `writev` calls as possible.
-fn write_bufs<W: Write>(w: &mut W, bufs: &[OutBuf]) -> io::Result<()> {
+/// Write whole buffers with as few `writev` calls as possible, within `timeout` (the send
+/// timeout): each call is bounded by the socket's send timeout (set to the same), and once
+/// the deadline has passed a partial write ends it too, so a host that lets a byte through
+/// now and then cannot stretch it (an error of kind `TimedOut`).
+fn write_bufs<W: Write>(w: &mut W, bufs: &[OutBuf], timeout: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len().min(MAX_IOV));
     for group in bufs.chunks(MAX_IOV) {
         slices.clear();
@@ -504,6 +539,9 @@ fn write_bufs<W: Write>(w: &mut W, bufs: &[OutBuf]) -> io::Result<()> {
                 Ok(n) => IoSlice::advance_slices(&mut rest, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
+            }
+            if !rest.is_empty() && Instant::now() > deadline {
+                return Err(io::ErrorKind::TimedOut.into());
             }
         }
     }
@@ -624,10 +662,20 @@ impl<W: Write + Send> Shared<'_, W> {
                     break;
                 }
                 let n: usize = ws.spare.iter().map(|b| b.len()).sum();
-                let r = write_bufs(&mut ws.w, &ws.spare);
+                let r = write_bufs(&mut ws.w, &ws.spare, self.send_timeout);
                 ws.spare.clear();
                 if let Err(e) = &r {
-                    tracing::debug!("response write failed, closing: {e}");
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) {
+                        tracing::warn!(
+                            timeout = ?self.send_timeout,
+                            "the host has not read its responses: closing the connection"
+                        );
+                    } else {
+                        tracing::debug!("response write failed, closing: {e}");
+                    }
                     self.failed.store(true, Ordering::SeqCst);
                     (self.closer)(Shutdown::Both);
                 }
@@ -769,6 +817,8 @@ struct Reader<'s, 'e, 'c, R, W> {
     socket: Option<RawFd>,
     /// Reads in progress on the namespaces' read queues.
     queued: ReadQueues,
+    /// When the connection started (it must Connect within the connect deadline).
+    started: Instant,
 }
 
 impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
@@ -813,7 +863,13 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         if self.shutdown.load(Ordering::Relaxed) {
             return false;
         }
-        if self.q.auth.as_ref().is_some_and(|a| a.expired()) {
+        let deadlines = &self.target.config.deadlines;
+        if self
+            .q
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.expired(deadlines.auth_deadline))
+        {
             tracing::warn!(
                 qid = self.q.qid,
                 "not authenticated in time: closing the queue"
@@ -822,6 +878,13 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         }
         match &self.q.ctrl {
             Some(c) => c.check_keep_alive(),
+            None if self.started.elapsed() > deadlines.connect_deadline => {
+                tracing::warn!(
+                    deadline = ?deadlines.connect_deadline,
+                    "no Connect in time: closing the connection"
+                );
+                false
+            }
             None => true,
         }
     }
@@ -978,8 +1041,12 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         if req.pfv != 0 {
             return Err(Fatal::Term(pdu::FES_UNSUPPORTED_PARAM, 8, b));
         }
-        if req.hpda > 31 {
-            return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 10, b));
+        if req.hpda != 0 {
+            // Host PDU data alignment: like Linux's target (nvmet_tcp_handle_icreq), only 0
+            // (no padding before C2HData's data) is supported; the host learns it from the
+            // termination request instead of misreading unpadded data.
+            tracing::warn!(hpda = req.hpda, "ICReq asks for HPDA != 0: refused");
+            return Err(Fatal::Term(pdu::FES_UNSUPPORTED_PARAM, 10, b));
         }
         self.hdgst = req.hdgst;
         self.ddgst = req.ddgst;
@@ -1027,14 +1094,20 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
     }
 
     fn next_pdu(&mut self) -> Result<(), Fatal> {
+        // Before every PDU, not only when the host is silent: a host that keeps sending
+        // must not outlive shutdown, its keep-alive, its controller or its deadlines. Cheap:
+        // atomics and a clock read.
+        self.check_alive()?;
         self.deliver_events()?;
         self.ensure(8)?;
         let mut h = [0u8; 8];
         h.copy_from_slice(&self.inb.avail()[..8]);
         let ch = CommonHeader::parse(&h);
-        let Some(hlen) =
-            CommonHeader::expected_hlen(ch.pdu_type).filter(|_| ch.pdu_type != pdu::ICREQ)
-        else {
+        if ch.pdu_type == pdu::ICREQ {
+            // A second ICReq: out of sequence, not malformed.
+            return Err(Fatal::Term(pdu::FES_PDU_SEQ_ERR, 0, h.to_vec()));
+        }
+        let Some(hlen) = CommonHeader::expected_hlen(ch.pdu_type) else {
             return Err(Fatal::Term(pdu::FES_INVALID_PDU_HDR, 0, h.to_vec()));
         };
         if ch.pdu_type == pdu::H2C_TERM_REQ {
@@ -1116,7 +1189,7 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
         Ok(digest::verify(data, &d))
     }
 
-    fn capsule(&mut self, hdr: &[u8], data: Vec<u8>, digest_ok: bool) -> Result<(), Fatal> {
+    fn capsule(&mut self, hdr: &[u8], mut data: Vec<u8>, digest_ok: bool) -> Result<(), Fatal> {
         let mut c = [0u8; 64];
         c.copy_from_slice(&hdr[8..72]);
         let cmd = Command(c);
@@ -1138,18 +1211,34 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             tracing::warn!(cid, "data digest error in a command capsule");
             return self.complete(&cmd, Outcome::status(Status::TRANSIENT_TRANSPORT));
         }
+        // No fused commands, and PSDT must be 01b (SGLs, MPTR one contiguous buffer), as
+        // Fabrics requires and Linux's target checks (nvmet_req_init) for every command.
+        let flags = cmd.flags();
+        if flags & pdu::CMD_FLAGS_FUSE != 0 || flags & pdu::CMD_FLAGS_PSDT != pdu::PSDT_SGL_MPTR {
+            return self.complete(&cmd, Outcome::status(Status::INVALID_FIELD));
+        }
         let (addr, sgl_len, sgl_id) = cmd.sgl();
         let dir = cmd.direction();
-        if sgl_len > MAX_TRANSFER {
-            return self.complete(&cmd, Outcome::status(Status::SGL_INVALID_DATA_LEN));
+        // More than MDTS: Invalid Field in Command. I/O commands leave it to `io::prepare`,
+        // which checks the LBA range first (and bounds every R2T buffer); the others stop
+        // here, before an R2T buffer of that size is allocated.
+        let io_command = self.q.qid > 0 && cmd.opcode() != OPC_FABRICS && self.q.ctrl.is_some();
+        if sgl_len > MAX_TRANSFER && !io_command {
+            return self.complete(&cmd, Outcome::status(Status::INVALID_FIELD));
         }
         match sgl_id {
             // No data: the descriptor's type does not matter (as in Linux's target).
             _ if sgl_len == 0 && data.is_empty() => {}
             pdu::SGL_IN_CAPSULE => {
-                if dir != 1 || addr != 0 || sgl_len as usize != data.len() {
+                // ADDRESS is the data's offset in the capsule's data (Identify SGLS bit 20).
+                let offset = usize::try_from(addr).ok().filter(|&o| o <= data.len());
+                let Some(offset) = offset else {
+                    return self.complete(&cmd, Outcome::status(Status::SGL_OFFSET_INVALID));
+                };
+                if dir != 1 || offset.checked_add(sgl_len as usize) != Some(data.len()) {
                     return self.complete(&cmd, Outcome::status(Status::SGL_INVALID_DATA_LEN));
                 }
+                data.drain(..offset);
             }
             pdu::SGL_TRANSPORT => {
                 if !data.is_empty() {

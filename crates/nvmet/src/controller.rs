@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::health::{Health, IoCounters};
 use crate::namespace::Namespace;
@@ -221,8 +221,10 @@ impl Subsystem {
     }
 }
 
-/// What a target serves.
-#[derive(Clone)]
+/// What a target serves. `TargetConfig { subsystems, ..Default::default() }` leaves the
+/// rest at its defaults (no TLS, discovery reports the listening address, the default
+/// [`Deadlines`]).
+#[derive(Clone, Default)]
 pub struct TargetConfig {
     pub subsystems: Vec<Subsystem>,
     /// Address reported in discovery log entries ("" = the connection's local address).
@@ -231,6 +233,76 @@ pub struct TargetConfig {
     pub trsvcid: String,
     /// The TLS secure channel (None: plain TCP only).
     pub tls: Option<Arc<crate::tls::NvmeTls>>,
+    /// How long a host may take at each step before its connection is closed, and how long
+    /// shutdown waits before it shuts the connections' sockets.
+    pub deadlines: Deadlines,
+}
+
+/// The target's liveness deadlines: each bounds how long a host that stops taking part (not
+/// reading, not connecting, not authenticating) holds a connection's thread and socket, or
+/// the server's shutdown. The defaults (the constants they are named after) are for
+/// production; tests set short ones so that waiting for a deadline takes moments. Only
+/// `shutdown_grace` may be zero ([`crate::Server::bind`] refuses the others at zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// How long one batch of responses may take to reach the socket before the connection
+    /// is dropped (a write blocked this long with nothing written fails; a batch still
+    /// unfinished after it fails at its next partial write, so at most twice this in all).
+    /// A host that stops reading its socket fills the socket buffers, and the thread writing
+    /// to it would wait for ever: the queue would never end, nor would the server's shutdown
+    /// without [`Deadlines::shutdown_grace`]. Default [`crate::connection::SEND_TIMEOUT`],
+    /// 30 s: a live host drains its socket within moments, 30 s is far beyond any stall of
+    /// its receive path (TCP retransmission backoff included), and it is the Linux host's
+    /// default I/O timeout (`nvme_core.io_timeout`): a response later than that is one the
+    /// host has given up on.
+    pub send_timeout: Duration,
+    /// How long a connection may take from its start to a successful Connect (the ICReq
+    /// included); then it is closed. Without it a peer that opens connections and sends
+    /// nothing (or only an ICReq) holds a thread and a socket each for ever: keep-alive
+    /// starts only with a controller. Default [`crate::connection::CONNECT_DEADLINE`], 30 s:
+    /// room for a host connecting many I/O queues one after another, each authenticating
+    /// before the next Connect is sent, on a slow machine.
+    pub connect_deadline: Duration,
+    /// How long a queue that must authenticate (DH-HMAC-CHAP) may stay connected without
+    /// doing so; then its connection closes, so a host that claims an NQN but holds no
+    /// secret cannot keep controllers busy. Default [`crate::auth::AUTH_DEADLINE`], 30 s:
+    /// far beyond a transaction (a few round trips and DH computations, well under a
+    /// second even with ffdhe8192), and shorter than Linux's target (KATO, or 120 s), so a
+    /// host without the secret lets its controller go sooner.
+    pub auth_deadline: Duration,
+    /// How long shutdown lets the connections notice it on their own (each checks before
+    /// every PDU and every [`crate::connection::POLL_INTERVAL`] while idle) before it shuts
+    /// their sockets: a connection blocked writing to a host that stopped reading, or in a
+    /// TLS handshake, returns only then. Default [`crate::server::SHUTDOWN_GRACE`], 1 s:
+    /// five poll intervals, so the connections that can notice, do, and a stop (SIGTERM)
+    /// still takes about a second. Zero shuts every socket at once.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Deadlines {
+        Deadlines {
+            send_timeout: crate::connection::SEND_TIMEOUT,
+            connect_deadline: crate::connection::CONNECT_DEADLINE,
+            auth_deadline: crate::auth::AUTH_DEADLINE,
+            shutdown_grace: crate::server::SHUTDOWN_GRACE,
+        }
+    }
+}
+
+impl Deadlines {
+    /// The name of the first deadline that is zero but must not be, if any (a zero socket
+    /// timeout means none at all; a zero deadline would close every connection at once).
+    pub fn zero(&self) -> Option<&'static str> {
+        [
+            ("send_timeout", self.send_timeout),
+            ("connect_deadline", self.connect_deadline),
+            ("auth_deadline", self.auth_deadline),
+        ]
+        .into_iter()
+        .find(|(_, d)| d.is_zero())
+        .map(|(name, _)| name)
+    }
 }
 
 /// The kind of subsystem a controller belongs to.
@@ -248,7 +320,6 @@ pub struct CtrlRegs {
     /// I/O queues granted (Set Features Number of Queues), 0 until asked.
     pub io_queues: u16,
     pub aec: u32,
-    pub vwc: bool,
     pub aers_outstanding: u32,
     /// I/O queue IDs with a live connection.
     pub io_qids: std::collections::BTreeSet<u16>,
@@ -283,6 +354,10 @@ pub struct Controller {
     pub events: Mutex<CtrlEvents>,
     /// Keep-alive timeout in ms (0: none).
     pub kato_ms: AtomicU32,
+    /// Volatile Write Cache feature (06h), WCE: on (the default, as Identify's VWC says a
+    /// cache is present) writes may complete before they are durable and the host flushes;
+    /// off, every write and Write Zeroes is written through (as with FUA).
+    write_cache: AtomicBool,
     /// Last traffic, ms since the target started.
     last_seen_ms: AtomicU64,
     dead: AtomicBool,
@@ -306,6 +381,14 @@ impl Controller {
     pub fn is_ready(&self) -> bool {
         let r = self.regs();
         r.cc & 1 == 1 && r.csts & 1 == 1
+    }
+    /// Whether the volatile write cache is enabled (WCE).
+    pub fn write_cache_enabled(&self) -> bool {
+        self.write_cache.load(Ordering::Acquire)
+    }
+    /// Set Features Volatile Write Cache: enable or disable (WCE).
+    pub fn set_write_cache(&self, enabled: bool) {
+        self.write_cache.store(enabled, Ordering::Release);
     }
     /// Record keep-alive traffic.
     pub fn touch(&self) {
@@ -500,6 +583,7 @@ impl Target {
                 regs: Mutex::new(CtrlRegs::default()),
                 events: Mutex::new(CtrlEvents::default()),
                 kato_ms: AtomicU32::new(kato_ms),
+                write_cache: AtomicBool::new(true),
                 last_seen_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
                 dead: AtomicBool::new(false),
                 epoch: self.epoch,
@@ -558,5 +642,38 @@ impl Target {
     /// Live controllers (tests, status).
     pub fn controller_count(&self) -> usize {
         self.ctrls().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults are the values docs/NVME.md and the constants' docs give (the tests that
+    /// exercise the deadlines set short ones instead of waiting these out).
+    #[test]
+    fn default_deadlines_are_the_documented_ones() {
+        let d = TargetConfig::default().deadlines;
+        assert_eq!(
+            d,
+            Deadlines {
+                send_timeout: Duration::from_secs(30),
+                connect_deadline: Duration::from_secs(30),
+                auth_deadline: Duration::from_secs(30),
+                shutdown_grace: Duration::from_secs(1),
+            }
+        );
+        assert_eq!(d, Deadlines::default());
+        assert_eq!(d.zero(), None);
+        let zero = Deadlines {
+            shutdown_grace: Duration::ZERO,
+            ..d
+        };
+        assert_eq!(zero.zero(), None, "a zero grace shuts the sockets at once");
+        let zero = Deadlines {
+            connect_deadline: Duration::ZERO,
+            ..d
+        };
+        assert_eq!(zero.zero(), Some("connect_deadline"));
     }
 }

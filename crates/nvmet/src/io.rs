@@ -77,10 +77,12 @@ enum Op {
     },
     /// One namespace, or every namespace of the subsystem (NSID 0xFFFFFFFF).
     Flush(Vec<Arc<dyn Namespace>>),
+    /// `fua`: durable before it completes (the namespace is flushed after it).
     WriteZeroes {
         slot: NsSlot,
         slba: u64,
         nlb: u64,
+        fua: bool,
     },
     Dsm {
         slot: NsSlot,
@@ -89,8 +91,20 @@ enum Op {
     },
 }
 
+/// CDW12 bit 30 of Write and Write Zeroes: Force Unit Access.
+const CDW12_FUA: u32 = 1 << 30;
+
+/// Whether a write must be durable when it completes: the command asks (FUA), or the host
+/// turned the volatile write cache off (Set Features 06h, WCE 0: then no Flush will follow,
+/// so every write is written through).
+fn write_through(ctrl: &Controller, cmd: &Command) -> bool {
+    cmd.cdw(12) & CDW12_FUA != 0 || !ctrl.write_cache_enabled()
+}
+
 /// Check an I/O command and resolve its namespace. An error here completes it at once
-/// (before its data is requested from the host with R2T, so no data moves).
+/// (before its data is requested from the host with R2T, so no data moves). The order of
+/// the checks decides the status when several fail: the namespace, the LBA range, the
+/// transfer size (MDTS: Invalid Field in Command), then the SGL's length.
 pub fn prepare(ctrl: &Controller, cmd: &Command, xfer_len: u32) -> Result<Prepared, Status> {
     let op = match cmd.opcode() {
         OPC_READ | OPC_WRITE => {
@@ -106,7 +120,7 @@ pub fn prepare(ctrl: &Controller, cmd: &Command, xfer_len: u32) -> Result<Prepar
             if cmd.opcode() == OPC_READ {
                 Op::Read { slot, slba, nlb }
             } else {
-                let fua = cmd.cdw(12) & (1 << 30) != 0;
+                let fua = write_through(ctrl, cmd);
                 Op::Write {
                     slot,
                     slba,
@@ -129,7 +143,13 @@ pub fn prepare(ctrl: &Controller, cmd: &Command, xfer_len: u32) -> Result<Prepar
         OPC_WRITE_ZEROES => {
             let slot = slot(ctrl, cmd.nsid())?;
             let (slba, nlb) = lba_range(slot.ns.as_ref(), cmd)?;
-            Op::WriteZeroes { slot, slba, nlb }
+            let fua = write_through(ctrl, cmd);
+            Op::WriteZeroes {
+                slot,
+                slba,
+                nlb,
+                fua,
+            }
         }
         OPC_DSM => {
             let slot = slot(ctrl, cmd.nsid())?;
@@ -146,6 +166,11 @@ pub fn prepare(ctrl: &Controller, cmd: &Command, xfer_len: u32) -> Result<Prepar
         }
         _ => return Err(Status::INVALID_OPCODE),
     };
+    // Any command's data (DSM's, a Flush's stray SGL) stays within MDTS: the connection
+    // allocates an R2T buffer of this size once the command is accepted.
+    if xfer_len > MAX_TRANSFER {
+        return Err(Status::INVALID_FIELD);
+    }
     Ok(Prepared {
         cmd: *cmd,
         xfer_len,
@@ -171,7 +196,8 @@ impl Prepared {
                 fua,
             } => slot.ns.write_may_block(*slba, *nlb) || (*fua && slot.ns.flush_may_block()),
             Op::Flush(list) => list.iter().any(|ns| ns.flush_may_block()),
-            Op::WriteZeroes { .. } | Op::Dsm { .. } => false,
+            Op::WriteZeroes { slot, fua, .. } => *fua && slot.ns.flush_may_block(),
+            Op::Dsm { .. } => false,
         }
     }
 
@@ -252,9 +278,15 @@ pub fn run(p: &Prepared, data: &[u8]) -> Outcome {
             .iter()
             .try_for_each(|ns| ns.flush())
             .map_err(|e| ns_status(e, None, false)),
-        Op::WriteZeroes { slot, slba, nlb } => slot
+        Op::WriteZeroes {
+            slot,
+            slba,
+            nlb,
+            fua,
+        } => slot
             .ns
             .write_zeroes(*slba, *nlb)
+            .and_then(|()| if *fua { slot.ns.flush() } else { Ok(()) })
             .map_err(|e| ns_status(e, Some(slot), false)),
         Op::Dsm {
             slot,

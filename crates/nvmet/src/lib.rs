@@ -49,7 +49,9 @@ pub mod server;
 pub mod status;
 pub mod tls;
 
-pub use controller::{HostAccess, NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN};
+pub use controller::{
+    Deadlines, HostAccess, NsSlot, Subsystem, Target, TargetConfig, DISCOVERY_NQN,
+};
 pub use health::{Health, IoCounters};
 pub use namespace::{MemNamespace, Namespace, NsError, ReadData, ReadDone, ReadQueue};
 pub use psk::{ConfiguredPsk, HostPsks};

@@ -40,6 +40,13 @@ pub const FES_DATA_OUT_OF_RANGE: u16 = 0x04;
 pub const FES_DATA_LIMIT_EXCEEDED: u16 = 0x05;
 pub const FES_UNSUPPORTED_PARAM: u16 = 0x06;
 
+/// Command dword 0 flags: FUSE (bits 1:0), fused operations (not supported).
+pub const CMD_FLAGS_FUSE: u8 = 0x03;
+/// Command dword 0 flags: PSDT (bits 7:6), the data pointer's kind.
+pub const CMD_FLAGS_PSDT: u8 = 0xC0;
+/// PSDT 01b: SGLs, the metadata pointer one contiguous buffer (the only value Fabrics allows).
+pub const PSDT_SGL_MPTR: u8 = 0x40;
+
 /// SGL descriptor identifiers (type << 4 | subtype) NVMe/TCP uses.
 pub const SGL_IN_CAPSULE: u8 = 0x01; // data block, offset
 pub const SGL_TRANSPORT: u8 = 0x5A; // transport data block, transport specific
@@ -240,7 +247,7 @@ impl Command {
     pub fn new(opcode: u8, cid: u16, nsid: u32) -> Command {
         let mut c = [0u8; 64];
         c[0] = opcode;
-        c[1] = 0x40; // PSDT: SGL
+        c[1] = PSDT_SGL_MPTR;
         put16(&mut c, 2, cid);
         put32(&mut c, 4, nsid);
         Command(c)

@@ -10,16 +10,44 @@
 //! of order. What comes later: a worker pool per connection (or an event loop)
 //! so a slow namespace operation does not hold up the reads and writes queued
 //! behind it on the same queue, and zero-copy sends of C2HData.
+//!
+//! The loop keeps a handle on each connection's socket: at shutdown, the
+//! sockets of connections that have not ended by themselves after the shutdown
+//! grace ([`crate::controller::Deadlines::shutdown_grace`], by default
+//! [`SHUTDOWN_GRACE`]) are shut, so none can hold the shutdown up. A connection
+//! that cannot get a thread (or a socket handle) is logged and dropped; the loop
+//! accepts on.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::controller::{Target, TargetConfig};
 use crate::tls::TlsMode;
+
+/// The default of [`crate::controller::Deadlines::shutdown_grace`] (why 1 s: see there):
+/// how long shutdown lets the connections notice it on their own before it shuts their
+/// sockets.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// A connection's thread and its socket (a second handle on it, so shutdown can shut it;
+/// the thread empties the slot when it ends, which closes the socket at once).
+struct Live {
+    thread: JoinHandle<()>,
+    socket: Arc<Mutex<Option<TcpStream>>>,
+}
+
+impl Live {
+    fn shut(&self) {
+        let slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
 
 /// A handle that stops a running [`Server`].
 #[derive(Clone)]
@@ -44,7 +72,8 @@ impl RunningServer {
     }
 
     /// Stop accepting, close every connection (each notices within
-    /// [`crate::connection::POLL_INTERVAL`]) and wait for them: after this no
+    /// [`crate::connection::POLL_INTERVAL`]; the sockets of those that have not after
+    /// the shutdown grace are shut) and wait for them: after this no
     /// namespace is touched any more, so the storage behind it can be closed.
     pub fn shutdown_and_join(self) -> io::Result<()> {
         self.stop.shutdown();
@@ -63,8 +92,15 @@ pub struct Server {
 
 impl Server {
     /// Bind `addr` (e.g. "127.0.0.1:4420"). Discovery log entries report
-    /// this address unless `config.traddr` is set.
+    /// this address unless `config.traddr` is set. A zero deadline (but the
+    /// shutdown grace) is refused (`InvalidInput`).
     pub fn bind(addr: impl ToSocketAddrs, mut config: TargetConfig) -> io::Result<Server> {
+        if let Some(name) = config.deadlines.zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the NVMe/TCP target's {name} must not be zero"),
+            ));
+        }
         let listener = TcpListener::bind(addr)?;
         let local = listener.local_addr()?;
         if config.trsvcid.is_empty() {
@@ -108,22 +144,18 @@ impl Server {
     }
 
     /// Accept and serve connections until shut down; then wait for the
-    /// connection threads (they notice within [`crate::connection::POLL_INTERVAL`]).
+    /// connection threads (they notice within [`crate::connection::POLL_INTERVAL`]; after
+    /// the shutdown grace their sockets are shut). A connection that cannot be set up (no
+    /// thread, no descriptor) is logged and dropped; the others are served on.
     pub fn run(self) -> io::Result<()> {
-        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut conns: Vec<Live> = Vec::new();
         while !self.shutdown.load(Ordering::Relaxed) {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
-                    stream.set_nonblocking(false)?;
-                    tracing::debug!(%peer, "connection");
-                    let target = self.target.clone();
-                    let stop = self.shutdown.clone();
-                    threads.retain(|t| !t.is_finished());
-                    threads.push(
-                        std::thread::Builder::new()
-                            .name("nvmet-conn".into())
-                            .spawn(move || serve_one(stream, peer, target, stop))?,
-                    );
+                    conns.retain(|c| !c.thread.is_finished());
+                    if let Some(c) = self.start(stream, peer) {
+                        conns.push(c);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(20))
@@ -135,10 +167,53 @@ impl Server {
                 }
             }
         }
-        for t in threads {
-            let _ = t.join();
+        let grace = Instant::now() + self.target.config.deadlines.shutdown_grace;
+        while Instant::now() < grace && conns.iter().any(|c| !c.thread.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for c in conns.iter().filter(|c| !c.thread.is_finished()) {
+            tracing::info!("shutting the socket of a connection that did not stop by itself");
+            c.shut();
+        }
+        for c in conns {
+            let _ = c.thread.join();
         }
         Ok(())
+    }
+
+    /// Start serving an accepted connection on a thread of its own; None (the connection
+    /// dropped, the reason logged) when that fails.
+    fn start(&self, stream: TcpStream, peer: SocketAddr) -> Option<Live> {
+        let socket = match stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.try_clone())
+        {
+            Ok(s) => Arc::new(Mutex::new(Some(s))),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "cannot set up a connection: dropped");
+                return None;
+            }
+        };
+        tracing::debug!(%peer, "connection");
+        let target = self.target.clone();
+        let stop = self.shutdown.clone();
+        let slot = socket.clone();
+        let started = std::thread::Builder::new()
+            .name("nvmet-conn".into())
+            .spawn(move || {
+                serve_one(stream, peer, target, stop);
+                // Close the server's handle too: the host sees the end now.
+                drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+            });
+        match started {
+            Ok(thread) => Some(Live { thread, socket }),
+            Err(e) => {
+                // The closure (and the connection's stream) is gone; close our handle too.
+                tracing::warn!(%peer, error = %e, "cannot start a connection thread: dropped");
+                drop(socket.lock().unwrap_or_else(|e| e.into_inner()).take());
+                None
+            }
+        }
     }
 }
 

@@ -43,6 +43,8 @@ impl Status {
     pub const SGL_INVALID_LAST: Status = generic(0x0D);
     pub const SGL_INVALID_DATA_LEN: Status = generic(0x0F);
     pub const SGL_INVALID_TYPE: Status = generic(0x11);
+    /// SGL Offset Invalid: an in-capsule data offset past the capsule's data.
+    pub const SGL_OFFSET_INVALID: Status = generic(0x16);
     /// Transient Transport Error (retryable: DNR clear).
     pub const TRANSIENT_TRANSPORT: Status = Status {
         sct: 0,

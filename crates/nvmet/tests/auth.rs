@@ -239,3 +239,61 @@ fn random_auth_messages_never_kill_the_target() {
         assert_eq!(a.prop_set(0x14, 1 | 6 << 16 | 4 << 20), Status::SUCCESS);
     }
 }
+
+#[test]
+fn a_queue_that_never_authenticates_is_closed_at_the_deadline_even_while_busy() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let key = secret(0x35, Some(HashId::Sha256));
+    // A short deadline (the default, 30 s, is checked by a unit test, not waited out).
+    let deadline = Duration::from_secs(2);
+    let mut config = auth_config(key, None);
+    config.deadlines.auth_deadline = deadline;
+    let srv = TestServer::with(config);
+    // Before Connect, so before the target starts the deadline.
+    let started = Instant::now();
+    let mut a = Host::new(srv.addr, false, false);
+    assert_eq!(a.connect(NQN, 0, 0xFFFF, 0).0, Status::SUCCESS);
+    // Property Get (allowed before authentication) every 100 ms: the queue's read never
+    // waits long enough to time out, so only a check on every PDU finds the deadline.
+    let t0 = Instant::now();
+    let mut answered = 0;
+    loop {
+        assert!(
+            t0.elapsed() < deadline + Duration::from_secs(10),
+            "an unauthenticated queue stayed open past the deadline"
+        );
+        let mut c = Command::new(0x7F, a.cid(), 0);
+        c.0[4] = 0x04;
+        pdu::put32(&mut c.0, 44, 0x08);
+        if a.stream
+            .write_all(&pdu::capsule_cmd(&c, &[], false, false))
+            .is_err()
+        {
+            break;
+        }
+        match a.next_event() {
+            Ok(Event::Completion(c)) => {
+                assert_eq!(Status::from_field(c.status), Status::SUCCESS);
+                answered += 1;
+            }
+            _ => break,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(answered >= 10, "the host was busy: {answered} answered");
+    assert!(
+        started.elapsed() >= deadline,
+        "closed at the deadline, not before: after {:?}",
+        started.elapsed()
+    );
+    // Its controller goes too (just after the socket closes).
+    let t1 = Instant::now();
+    while srv.target.controller_count() > 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "the controller stayed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

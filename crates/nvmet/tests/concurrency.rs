@@ -30,9 +30,7 @@ fn config_with(nss: Vec<(u32, Arc<dyn Namespace>)>) -> TargetConfig {
     }
     TargetConfig {
         subsystems: vec![s],
-        traddr: String::new(),
-        trsvcid: String::new(),
-        tls: None,
+        ..Default::default()
     }
 }
 

@@ -593,9 +593,7 @@ fn namespace_with_512_byte_blocks() {
         "127.0.0.1:0",
         TargetConfig {
             subsystems: vec![s],
-            traddr: String::new(),
-            trsvcid: String::new(),
-            tls: None,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -737,4 +735,305 @@ fn namespace_added_and_removed_while_serving() {
     assert_eq!(le32(&log, 0), 0);
     let (_, list) = a.identify(2, 0);
     assert_eq!((le32(&list, 0), le32(&list, 4), le32(&list, 8)), (1, 3, 0));
+}
+
+/// A RAM namespace that records how it was asked to make data durable: writes with and
+/// without FUA, Write Zeroes and flushes, in order.
+struct DurabilityNs {
+    inner: flashpool_nvmet::MemNamespace,
+    log: std::sync::Mutex<Vec<&'static str>>,
+}
+
+impl DurabilityNs {
+    fn new() -> DurabilityNs {
+        DurabilityNs {
+            inner: flashpool_nvmet::MemNamespace::new(NS_BYTES, BS as u32, [0x33; 16]),
+            log: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+    /// What happened since the last call.
+    fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+    fn note(&self, what: &'static str) {
+        self.log.lock().unwrap().push(what);
+    }
+}
+
+impl flashpool_nvmet::Namespace for DurabilityNs {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.inner.uuid()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), flashpool_nvmet::NsError> {
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, data: &[u8], fua: bool) -> Result<(), flashpool_nvmet::NsError> {
+        self.note(if fua { "write+fua" } else { "write" });
+        self.inner.write(lba, data, fua)
+    }
+    fn flush(&self) -> Result<(), flashpool_nvmet::NsError> {
+        self.note("flush");
+        self.inner.flush()
+    }
+    fn deallocate(&self, lba: u64, count: u64) -> Result<(), flashpool_nvmet::NsError> {
+        self.inner.deallocate(lba, count)
+    }
+    fn write_zeroes(&self, lba: u64, count: u64) -> Result<(), flashpool_nvmet::NsError> {
+        self.note("zeroes");
+        self.inner.write_zeroes(lba, count)
+    }
+}
+
+fn durability_server() -> (TestServer, Host, Host, std::sync::Arc<DurabilityNs>) {
+    use flashpool_nvmet::{Subsystem, TargetConfig};
+    let ns = std::sync::Arc::new(DurabilityNs::new());
+    let s = Subsystem::new(NQN, "durability");
+    s.add_namespace(1, ns.clone());
+    let (srv, a, io) = one_io_queue(
+        TargetConfig {
+            subsystems: vec![s],
+            ..Default::default()
+        },
+        false,
+    );
+    (srv, a, io, ns)
+}
+
+/// Write Zeroes of `blocks` at `lba`, with FUA when `fua`.
+fn write_zeroes(io: &mut Host, lba: u64, blocks: u32, fua: bool) -> Status {
+    let mut c = io.rw_cmd(0x08, 1, lba, blocks);
+    if fua {
+        c.set_cdw(12, c.cdw(12) | 1 << 30);
+    }
+    io.exec(c, &[], None).0
+}
+
+#[test]
+fn volatile_write_cache_is_on_by_default_and_off_makes_every_write_durable() {
+    let (_srv, mut a, mut io, ns) = durability_server();
+    let (_, id) = a.identify(1, 0);
+    assert_eq!(
+        id[525] & 1,
+        1,
+        "Identify: a volatile write cache is present"
+    );
+    assert_eq!(
+        a.admin_cmd(0x0A, 0, 0x06, 0, 0).0,
+        Status::SUCCESS,
+        "Get Features VWC"
+    );
+    assert_eq!(a.admin_cmd(0x0A, 0, 0x06, 0, 0).1, 1, "WCE on by default");
+    // Cache on: writes complete cached; the host flushes.
+    let d = pattern(30, 2 * BS);
+    assert_eq!(io.write(1, 0, &d, true), Status::SUCCESS);
+    assert_eq!(io.write(1, 8, &d, false), Status::SUCCESS);
+    assert_eq!(write_zeroes(&mut io, 16, 1, false), Status::SUCCESS);
+    assert_eq!(ns.take(), ["write", "write", "zeroes"]);
+
+    // WCE off: no flush will come, so every write is written through.
+    assert_eq!(a.admin_cmd(0x09, 0, 0x06, 0, 0).0, Status::SUCCESS);
+    assert_eq!(a.admin_cmd(0x0A, 0, 0x06, 0, 0).1, 0, "WCE off");
+    assert_eq!(io.write(1, 0, &d, true), Status::SUCCESS, "in-capsule");
+    assert_eq!(io.write(1, 8, &d, false), Status::SUCCESS, "R2T");
+    assert_eq!(write_zeroes(&mut io, 16, 1, false), Status::SUCCESS);
+    assert_eq!(ns.take(), ["write+fua", "write+fua", "zeroes", "flush"]);
+    assert_eq!(io.read(1, 8, 2), (Status::SUCCESS, d.clone()));
+
+    // On again.
+    assert_eq!(a.admin_cmd(0x09, 0, 0x06, 1, 0).0, Status::SUCCESS);
+    assert_eq!(a.admin_cmd(0x0A, 0, 0x06, 0, 0).1, 1);
+    assert_eq!(io.write(1, 0, &d, true), Status::SUCCESS);
+    assert_eq!(ns.take(), ["write"]);
+}
+
+#[test]
+fn write_zeroes_with_fua_is_durable_when_it_completes() {
+    let (_srv, _a, mut io, ns) = durability_server();
+    let d = pattern(31, BS);
+    assert_eq!(io.write(1, 5, &d, true), Status::SUCCESS);
+    assert_eq!(write_zeroes(&mut io, 5, 1, true), Status::SUCCESS);
+    assert_eq!(ns.take(), ["write", "zeroes", "flush"]);
+    assert_eq!(io.read(1, 5, 1), (Status::SUCCESS, vec![0; BS]));
+    // A FUA write still says so (unchanged).
+    let mut c = io.rw_cmd(0x01, 1, 6, 1);
+    c.set_cdw(12, c.cdw(12) | 1 << 30);
+    assert_eq!(io.exec(c, &d, None).0, Status::SUCCESS);
+    assert_eq!(ns.take(), ["write+fua"]);
+}
+
+#[test]
+fn over_mdts_is_invalid_field_and_past_the_end_is_lba_out_of_range() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_, id) = a.identify(1, 0);
+    let mdts_bytes = (BS as u32) << id[77];
+    let over = mdts_bytes / BS as u32 + 1;
+    // A Read and an R2T Write one block over MDTS, SGL matching NLB: Invalid Field, no R2T.
+    assert_eq!(io.read(1, 0, over).0, Status::INVALID_FIELD);
+    let c = io.rw_cmd(0x01, 1, 0, over);
+    let before = io.events.len();
+    let (s, _, _) = io.exec(c, &[], Some(vec![3; over as usize * BS]));
+    assert_eq!(s, Status::INVALID_FIELD);
+    assert_eq!(&io.events[before..], b"C", "no R2T: no data moved");
+    // Exactly MDTS is fine.
+    assert_eq!(io.read(1, 0, over - 1).0, Status::SUCCESS);
+    // Too large and past the end: the LBA range is checked first.
+    let blocks = NS_BYTES / BS as u64;
+    assert_eq!(io.read(1, blocks - 1, over).0, Status::LBA_RANGE);
+    let c = io.rw_cmd(0x01, 1, blocks - 1, over);
+    let (s, _, _) = io.exec(c, &[], Some(vec![3; over as usize * BS]));
+    assert_eq!(s, Status::LBA_RANGE);
+    // DSM and an admin command with more data than MDTS: Invalid Field, no R2T.
+    let mut c = Command::new(0x09, io.cid(), 1);
+    c.set_cdw(11, 1 << 2);
+    c.set_sgl(0, mdts_bytes + 16, pdu::SGL_TRANSPORT);
+    let before = io.events.len();
+    io.submit(c, &[], None);
+    assert_eq!(
+        Status::from_field(io.completion().status),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(&io.events[before..], b"C");
+    let (s, _, _) = a.admin_cmd(0x09, 0, 0x06, 1, mdts_bytes + 4096);
+    assert_eq!(s, Status::INVALID_FIELD);
+    assert_eq!(io.read(1, 0, 1).0, Status::SUCCESS, "still serving");
+}
+
+#[test]
+fn icreq_asking_for_data_alignment_is_refused() {
+    let target = Target::new(config());
+    for hpda in [1u8, 31] {
+        let (addr, t) = serve_one(target.clone());
+        let mut h = Host::raw(addr);
+        h.send_raw(
+            &pdu::IcReq {
+                pfv: 0,
+                hpda,
+                hdgst: false,
+                ddgst: false,
+                maxr2t: 0,
+            }
+            .encode(),
+        );
+        expect_termination(&mut h, pdu::FES_UNSUPPORTED_PARAM);
+        assert!(matches!(
+            t.join().unwrap(),
+            End::Terminated(pdu::FES_UNSUPPORTED_PARAM)
+        ));
+    }
+}
+
+#[test]
+fn a_second_icreq_is_a_pdu_sequence_error() {
+    let target = Target::new(config());
+    let (addr, t) = serve_one(target);
+    let mut h = Host::new(addr, false, false);
+    assert_eq!(h.prop_get(0, true).0, Status::CMD_SEQ_ERROR);
+    h.send_raw(
+        &pdu::IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        }
+        .encode(),
+    );
+    expect_termination(&mut h, pdu::FES_PDU_SEQ_ERR);
+    assert!(matches!(
+        t.join().unwrap(),
+        End::Terminated(pdu::FES_PDU_SEQ_ERR)
+    ));
+}
+
+#[test]
+fn fused_commands_and_psdt_other_than_sgl_get_invalid_field() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let d = pattern(40, BS);
+    // FUSE first / second, PSDT 00b (PRPs), 10b and 11b: refused, nothing written.
+    for flags in [0x41u8, 0x42, 0x00, 0x80, 0xC0] {
+        let mut c = io.rw_cmd(0x01, 1, 3, 1);
+        c.0[1] = flags;
+        assert_eq!(io.exec(c, &d, None).0, Status::INVALID_FIELD, "{flags:#x}");
+        let mut c = io.rw_cmd(0x01, 1, 3, 1);
+        c.0[1] = flags;
+        let before = io.events.len();
+        assert_eq!(
+            io.exec(c, &[], Some(d.clone())).0,
+            Status::INVALID_FIELD,
+            "R2T {flags:#x}"
+        );
+        assert_eq!(&io.events[before..], b"C", "no R2T");
+        let mut c = Command::new(0x06, a.cid(), 0);
+        c.set_cdw(10, 1);
+        c.set_sgl(0, 4096, pdu::SGL_TRANSPORT);
+        c.0[1] = flags;
+        assert_eq!(a.exec(c, &[], None).0, Status::INVALID_FIELD, "admin");
+    }
+    assert_eq!(io.read(1, 3, 1), (Status::SUCCESS, vec![0; BS]));
+    // A Connect with PRPs is refused too (Linux's target checks every command).
+    let mut h = Host::new(srv.addr, false, false);
+    let mut c = h.connect_cmd(0, 31, 0);
+    c.0[1] = 0;
+    let d = Host::connect_data(NQN, HOSTNQN, 0xFFFF);
+    assert_eq!(h.exec(c, &d, None).0, Status::INVALID_FIELD);
+    assert_eq!(h.connect(NQN, 0, 0xFFFF, 0).0, Status::SUCCESS);
+}
+
+#[test]
+fn in_capsule_data_at_an_offset() {
+    let srv = TestServer::start();
+    let (mut a, cntlid) = Host::admin(srv.addr, NQN, false, false);
+    a.set_queues(1);
+    let mut io = Host::io(srv.addr, cntlid, 1, false, false);
+    let (_, id) = a.identify(1, 0);
+    assert_ne!(
+        le32(&id, 536) & 1 << 20,
+        0,
+        "SGLS: offsets in in-capsule data"
+    );
+    let d = pattern(50, BS);
+    let send = |io: &mut Host, offset: u64, len: u32, capsule: &[u8]| {
+        let mut c = io.rw_cmd(0x01, 1, 9, 1);
+        c.set_sgl(offset, len, pdu::SGL_IN_CAPSULE);
+        let cid = c.cid();
+        io.send_raw(&pdu::capsule_cmd(&c, capsule, false, false));
+        let done = io.completion();
+        assert_eq!(done.cid, cid);
+        Status::from_field(done.status)
+    };
+    // The data 64 bytes into the capsule's data.
+    let mut capsule = vec![0xEE; 64];
+    capsule.extend_from_slice(&d);
+    assert_eq!(send(&mut io, 64, BS as u32, &capsule), Status::SUCCESS);
+    assert_eq!(io.read(1, 9, 1), (Status::SUCCESS, d.clone()));
+    // An offset past the capsule's data: SGL Offset Invalid; a length that does not end
+    // at the data's end: Data SGL Length Invalid. Neither writes.
+    let other = pattern(51, BS);
+    let mut capsule = vec![0; 16];
+    capsule.extend_from_slice(&other);
+    assert_eq!(
+        send(&mut io, capsule.len() as u64 + 1, BS as u32, &capsule),
+        Status::SGL_OFFSET_INVALID
+    );
+    assert_eq!(
+        send(&mut io, u64::MAX, BS as u32, &capsule),
+        Status::SGL_OFFSET_INVALID
+    );
+    assert_eq!(
+        send(&mut io, 8, BS as u32, &capsule),
+        Status::SGL_INVALID_DATA_LEN
+    );
+    assert_eq!(io.read(1, 9, 1), (Status::SUCCESS, d));
 }

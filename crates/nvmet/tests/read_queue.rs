@@ -303,9 +303,7 @@ fn setup(rules: Rules) -> (Arc<QueuedNs>, TargetConfig) {
     s.add_namespace(1, ns.clone());
     let config = TargetConfig {
         subsystems: vec![s],
-        traddr: String::new(),
-        trsvcid: String::new(),
-        tls: None,
+        ..Default::default()
     };
     (ns, config)
 }
@@ -424,9 +422,7 @@ fn setup_many(rules: &[Rules]) -> (Vec<Arc<QueuedNs>>, Arc<Seen>, TargetConfig) 
         .collect();
     let config = TargetConfig {
         subsystems: vec![s],
-        traddr: String::new(),
-        trsvcid: String::new(),
-        tls: None,
+        ..Default::default()
     };
     (nss, seen, config)
 }

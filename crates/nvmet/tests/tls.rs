@@ -262,3 +262,19 @@ fn tls_with_dh_hmac_chap_requires_both() {
     let (s, _) = h.identify(1, 0);
     assert_eq!(s, Status::AUTH_REQUIRED);
 }
+
+#[test]
+fn a_tls_host_that_stops_reading_does_not_block_shutdown() {
+    let running = flashpool_nvmet::Server::bind("127.0.0.1:0", tls_config(TlsMode::Require))
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let p = tls_proxy(running.local_addr, key(1, 32, 0x10), HOSTNQN, 1);
+    // Commands (error responses: no Connect) never read, through the secure channel.
+    let mut h = Host::new(p, false, false);
+    let n = flood_until_the_target_stops_reading(&mut h.stream, Duration::from_secs(1));
+    println!("target stopped reading after about {n} commands");
+    within(Duration::from_secs(60), "shutdown_and_join", move || {
+        running.shutdown_and_join().unwrap()
+    });
+}

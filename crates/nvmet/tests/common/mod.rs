@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flashpool_nvmet::connection::{self, End};
 use flashpool_nvmet::pdu::{self, le16, le32, le64, Command, CommonHeader, Completion, IcReq};
@@ -34,9 +34,7 @@ pub fn config() -> TargetConfig {
     );
     TargetConfig {
         subsystems: vec![s],
-        traddr: String::new(),
-        trsvcid: String::new(),
-        tls: None,
+        ..Default::default()
     }
 }
 
@@ -440,6 +438,62 @@ impl Host {
             self.exec(c, &[], Some(data.to_vec())).0
         }
     }
+}
+
+/// A Property Get (CAP) capsule: 72 bytes, answered with a 24-byte response (or an error
+/// response before Connect).
+pub fn prop_get_pdu(cid: u16) -> Vec<u8> {
+    let mut c = Command::new(0x7F, cid, 0);
+    c.0[4] = 0x04;
+    c.0[40] = 1;
+    pdu::capsule_cmd(&c, &[], false, false)
+}
+
+/// Sends commands without ever reading a response until the target stops taking them (a
+/// write of ours makes no progress for `stall`: the target's thread is blocked writing
+/// responses nobody reads; keep it below the target's send timeout, which would drop the
+/// connection first). Returns how many were sent.
+pub fn flood_until_the_target_stops_reading(s: &mut TcpStream, stall: Duration) -> usize {
+    const BATCH: usize = 2000;
+    let mut burst = Vec::with_capacity(BATCH * 72);
+    for i in 0..BATCH {
+        burst.extend_from_slice(&prop_get_pdu(i as u16));
+    }
+    s.set_write_timeout(Some(stall)).unwrap();
+    let t0 = Instant::now();
+    let mut sent = 0usize;
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the target kept reading {sent} bytes of commands whose responses nobody read"
+        );
+        match s.write(&burst) {
+            Ok(n) => sent += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return sent / 72;
+            }
+            Err(e) => panic!("write failed before the target stopped reading: {e}"),
+        }
+    }
+}
+
+/// Runs `f` on a thread; its result, or a panic naming `what` after `limit`.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
 }
 
 /// Deterministic pseudo-random bytes (splitmix64).
