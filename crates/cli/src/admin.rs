@@ -183,6 +183,9 @@ pub struct AdminCtx {
     pub dir: PathBuf,
     pub window: Arc<crate::wa_window::WaWindow>,
     pub controls: Arc<Controls>,
+    /// The server keeps the rebuild reserve (`--rebuild-reserve on`): `drive remove` must
+    /// leave the live data within it.
+    pub rebuild_reserve: bool,
     /// With `--nvme-tcp`: keeps its namespaces in step with volume changes.
     pub nvme: std::sync::OnceLock<crate::nvme::NamespaceSync>,
 }
@@ -320,6 +323,12 @@ impl OpError {
 impl From<anyhow::Error> for OpError {
     fn from(error: anyhow::Error) -> Self {
         use flashpool_engine::Error as E;
+        if error.downcast_ref::<crate::datadir::Refused>().is_some() {
+            return OpError {
+                failure: Failure::Conflict,
+                error,
+            };
+        }
         let failure = match error.chain().find_map(|e| e.downcast_ref::<E>()) {
             Some(E::NotFound(_)) => Failure::NotFound,
             Some(E::AlreadyExists(_)) => Failure::Conflict,
@@ -387,6 +396,14 @@ fn cleaner_json(ctx: &AdminCtx) -> serde_json::Value {
 pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
     let pool = &*ctx.pool;
     let ok = |msg: String| serde_json::json!({ "ok": msg });
+    if let Op::VolumeGet { name }
+    | Op::VolumeCreate { name, .. }
+    | Op::VolumeResize { name, .. }
+    | Op::VolumeCompression { name, .. }
+    | Op::VolumeDelete { name } = &op
+    {
+        crate::volume::check_name(name)?;
+    }
     Ok(match op {
         Op::Status => {
             let mut v = status_json(pool, Some(&ctx.dir), Some(&ctx.window));
@@ -495,8 +512,7 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         }
         Op::DriveRemove { index } => {
             check_drive_index(pool, index)?;
-            pool.fail_drive(index)?;
-            let st = pool.rebuild()?;
+            let st = crate::datadir::remove_drive(pool, index, ctx.rebuild_reserve)?;
             ok(format!(
                 "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
                 st.total_segments,
@@ -506,8 +522,14 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         }
         Op::DriveReadmit { index } => {
             check_drive_index(pool, index)?;
-            pool.readmit_drive(index)?;
-            ok(format!("drive {index} back in service"))
+            if pool.drives()[index].state == "active" {
+                ok(format!(
+                    "drive {index} is already in service: nothing to do"
+                ))
+            } else {
+                pool.readmit_drive(index)?;
+                ok(format!("drive {index} back in service"))
+            }
         }
         Op::Scrub { repair } => crate::scrub::report_json(&pool.scrub(repair, None)?),
         Op::Rebuild => {

@@ -30,6 +30,9 @@ pub enum DriveCmd {
         force: bool,
     },
     /// Take a member out of the pool now: rebuild its data onto the others and retire it.
+    /// Refused when the data would not fit the members left (with the rebuild reserve's room,
+    /// which a server keeps unless run with --rebuild-reserve off), or when fewer than M + 2
+    /// members would be left in service.
     Remove { index: usize },
     /// Put a failed member that was not rebuilt yet back in service.
     Readmit { index: usize },
@@ -118,12 +121,23 @@ pub fn run(a: DriveArgs) -> Result<()> {
         }
         DriveCmd::Remove { index } => {
             check_index(pool, *index)?;
-            pool.fail_drive(*index)?;
-            rebuild(pool)?;
+            // The reserve a server keeps by default (`serve --rebuild-reserve on`).
+            let st = datadir::remove_drive(pool, *index, true)?;
+            println!(
+                "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
+                st.total_segments,
+                st.moved_bytes >> 20,
+                st.elapsed_secs
+            );
         }
         DriveCmd::Readmit { index } => {
-            pool.readmit_drive(*index)?;
-            println!("drive {index} back in service");
+            check_index(pool, *index)?;
+            if pool.drives()[*index].state == "active" {
+                println!("drive {index} is already in service: nothing to do");
+            } else {
+                pool.readmit_drive(*index)?;
+                println!("drive {index} back in service");
+            }
         }
         DriveCmd::Rebuild => rebuild(pool)?,
     }

@@ -3,7 +3,7 @@
 
 use crate::datadir::{self, OpenRequest, PoolShape};
 use crate::export::PoolExports;
-use crate::size::{parse_ec, parse_size};
+use crate::size::{parse_drive_size, parse_ec, parse_size};
 use anyhow::{Context, Result};
 use clap::Args;
 use flashpool_nbd::{Config, Server};
@@ -56,7 +56,11 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Serve one connection on stdin/stdout (for `nbdinfo -- [ flashpool serve --stdio ]`).
+    /// Serve one connection on stdin/stdout, for clients that run the server as a
+    /// subprocess and talk over its stdin/stdout (libnbd's nbd_connect_command: `nbdsh -c
+    /// 'h.connect_command(["flashpool", "serve", "--stdio"])'`, `nbdfuse DIR --command
+    /// flashpool serve --stdio`). `nbdinfo -- [ flashpool serve ]` and nbdcopy's `[ ... ]`
+    /// pass a socket by systemd socket activation instead: run it there without --stdio.
     #[arg(long)]
     pub stdio: bool,
     /// Number of drive files of a new pool (default 5, under DIR/drives/).
@@ -85,7 +89,7 @@ pub struct ServeArgs {
     pub ec: (usize, usize),
     /// Size of each drive file of a new pool [default: 1G, or what fits when the filesystem
     /// under the data dir has less room for them].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_drive_size)]
     pub drive_size: Option<u64>,
     /// Size of the `default` volume of a new pool (thin).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
@@ -311,6 +315,63 @@ fn tls_from(a: &ServeArgs) -> Result<Option<flashpool_nbd::Tls>> {
     }
 }
 
+/// Checks before the data dir is touched that `--socket` can be listened on, as
+/// `Server::listen_unix` will decide later: a path that exists is refused unless it is a
+/// socket nobody answers on (a server that died); a new one must be creatable.
+fn check_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if !md.file_type().is_socket() => {
+            anyhow::bail!("--socket {}: it exists and is not a socket", path.display())
+        }
+        Ok(_) => match UnixStream::connect(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+            _ => anyhow::bail!(
+                "--socket {}: another server is listening there",
+                path.display()
+            ),
+        },
+        Err(_) => {
+            UnixListener::bind(path)
+                .with_context(|| format!("--socket {}: cannot listen there", path.display()))?;
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        }
+    }
+}
+
+/// Warns when flags that shape a new pool were given on the command line for a pool that
+/// exists: they are ignored, and saying nothing let a user believe `--ec 8+2` took effect.
+fn warn_shape_ignored(dir: &std::path::Path, pool: &flashpool_engine::Pool) {
+    let Ok(given) = crate::ops::config::command_line_flags() else {
+        return;
+    };
+    let flags: Vec<&str> = [
+        ("drives", "--drives"),
+        ("ec", "--ec"),
+        ("drive_size", "--drive-size"),
+        ("volume_size", "--volume-size"),
+        ("sparse", "--sparse"),
+    ]
+    .into_iter()
+    .filter(|(id, _)| given.contains(*id))
+    .map(|(_, flag)| flag)
+    .collect();
+    if !flags.is_empty() {
+        let info = pool.info();
+        tracing::warn!(
+            "{} holds a pool already: {} shape a new pool only and are ignored; the pool keeps its shape ({}+{}, {} members, drives of {} MiB)",
+            dir.display(),
+            flags.join(", "),
+            info.k,
+            info.m,
+            info.member_drives,
+            info.drive_size >> 20
+        );
+    }
+}
+
 /// Runs `flashpool serve`.
 pub fn run(mut a: ServeArgs) -> Result<()> {
     if let Some(file) = a.config.clone() {
@@ -377,11 +438,29 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         // Check the address (and that the port is free) before touching the data dir, so a
         // typo never leaves a new pool behind.
         use std::net::ToSocketAddrs;
-        a.listen
+        let addrs: Vec<_> = a
+            .listen
             .to_socket_addrs()
-            .with_context(|| format!("--listen {:?}: not a HOST:PORT address", a.listen))?;
-        std::net::TcpListener::bind(&a.listen)
-            .with_context(|| format!("--listen {}: cannot listen there", a.listen))?;
+            .with_context(|| format!("--listen {:?}: not a HOST:PORT address", a.listen))?
+            .collect();
+        if let Err(e) = std::net::TcpListener::bind(&addrs[..]) {
+            // The metrics and API listeners are bound by now: a port they took is named, not
+            // blamed on --listen alone.
+            for (flag, l) in [("--metrics", &http.metrics), ("--api", &http.api)] {
+                if let Some(taken) = l.as_ref().and_then(|l| l.local_addr().ok()) {
+                    if addrs.iter().any(|x| x.port() == taken.port()) {
+                        anyhow::bail!(
+                            "--listen {} and {flag} ({taken}) name the same port: give them different ports",
+                            a.listen
+                        );
+                    }
+                }
+            }
+            return Err(e).with_context(|| format!("--listen {}: cannot listen there", a.listen));
+        }
+        if let Some(path) = &a.socket {
+            check_socket(path)?;
+        }
     }
     if a.memory && !a.drive.is_empty() {
         anyhow::bail!("--memory and --drive exclude each other");
@@ -413,6 +492,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         read_only_if_full: true,
     };
     let dd = datadir::open(&a.data, &req)?;
+    if !dd.created {
+        warn_shape_ignored(&dd.dir, &dd.pool);
+    }
     let info = dd.pool.info();
     tracing::info!(
         data = %dd.dir.display(),
@@ -445,6 +527,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         dir: dd_dir.clone(),
         window: window.clone(),
         controls: controls.clone(),
+        rebuild_reserve: a.rebuild_reserve == "on",
         nvme: std::sync::OnceLock::new(),
     });
     if a.scrub_interval_hours > 0 {

@@ -22,6 +22,28 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("size {s:?} overflows"))
 }
 
+/// The smallest drive `flashpool serve` makes a pool of: a 1 MiB superblock area and the
+/// segments a pool needs besides (its checkpoint and cleaner reserves, a checkpoint, one to
+/// write into) fit every shape `--ec` accepts.
+pub const MIN_DRIVE_SIZE: u64 = 8 << 20;
+
+/// Parses `--drive-size`: a size (`parse_size`) of at least `MIN_DRIVE_SIZE`, checked before
+/// any drive file is made.
+pub fn parse_drive_size(s: &str) -> Result<u64> {
+    check_drive_size(s, parse_size(s)?)
+}
+
+/// `bytes` (given as `given`) as a drive size, or why it cannot be one.
+pub fn check_drive_size(given: &str, bytes: u64) -> Result<u64> {
+    if bytes < MIN_DRIVE_SIZE {
+        bail!(
+            "drive size {given} ({bytes} bytes) is too small: a drive must be at least {} MiB (8M)",
+            MIN_DRIVE_SIZE >> 20
+        );
+    }
+    Ok(bytes)
+}
+
 /// Parses `K+M` protection, e.g. `4+1`.
 pub fn parse_ec(s: &str) -> Result<(usize, usize)> {
     let (k, m) = s
@@ -54,6 +76,12 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_drive_size("8M").unwrap(), 8 << 20);
+        let e = parse_drive_size("1K").unwrap_err().to_string();
+        assert!(
+            e.contains("1K (1024 bytes) is too small") && e.contains("8 MiB"),
+            "{e}"
+        );
         assert_eq!(parse_ec("4+1").unwrap(), (4, 1));
         assert!(parse_ec("4").is_err() && parse_ec("0+1").is_err() && parse_ec("4+3").is_err());
     }

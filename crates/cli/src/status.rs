@@ -60,11 +60,22 @@ pub fn run(a: StatusArgs) -> Result<()> {
         v["protection"]["summary"].as_str().unwrap_or("")
     );
     if let Some(limit) = p["live_limit_bytes"].as_u64() {
-        println!(
-            "rebuild reserve: hosts get ENOSPC for new data past {} MiB live, so a lost member can always be rebuilt ({} MiB live now)",
-            limit >> 20,
-            mib(&p["live_bytes"])
-        );
+        let live = p["live_bytes"].as_u64().unwrap_or(0);
+        if live <= limit {
+            println!(
+                "rebuild reserve: hosts get ENOSPC for new data past {} MiB live, so a lost member can always be rebuilt ({} MiB live now)",
+                limit >> 20,
+                live >> 20
+            );
+        } else {
+            // Live data can pass the limit without a host writing (a member removed, or a
+            // rebuild onto fewer members): the guarantee does not hold until it is back under.
+            println!(
+                "rebuild reserve: OVER ITS LIMIT: {} MiB live, past the {} MiB the members left after a loss could hold: hosts get ENOSPC for new data, and a lost member may not be rebuilt until live data is back under it (delete or trim data, or add a drive)",
+                live.div_ceil(1 << 20),
+                limit >> 20
+            );
+        }
     }
     let su = &v["segment_utilisation"];
     let tenths: Vec<String> = su["tenths"]

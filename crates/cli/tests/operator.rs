@@ -159,6 +159,17 @@ fn wrong_flags_and_bad_sizes() {
             &["drives"],
         ),
         (
+            // It would turn read-only at its first failure (no stripe fits one member).
+            "a mirror on two drives",
+            &["serve", "--data", d, "--ec", "1+1", "--drives", "2"],
+            &["1+1 on 2 drives", "at least 3 drives"],
+        ),
+        (
+            "one data and two parity chunks on three drives",
+            &["serve", "--data", d, "--ec", "1+2", "--drives", "3"],
+            &["1+2 on 3 drives", "at least 4 drives"],
+        ),
+        (
             "tiny drives",
             &["serve", "--data", d, "--drive-size", "1M"],
             &["too small", "small"],

@@ -653,10 +653,20 @@ impl Inner {
         if members < m + 2 {
             return None;
         }
-        let after = members - 1;
-        let w = (self.width.load(Ordering::Relaxed) as usize).min(after - m);
+        Some(self.room_on(members - 1, held_back))
+    }
+
+    /// The live bytes the pool holds with `members` members in service, at the stripe width
+    /// that leaves, less the segments its reserves keep (`held_back`) and two more (what a
+    /// stream's open segment and rounding take). 0 when no stripe fits.
+    pub(crate) fn room_on(&self, members: usize, held_back: usize) -> u64 {
+        let m = self.geo.m as usize;
+        let w = (self.width.load(Ordering::Relaxed) as usize).min(members.saturating_sub(m));
+        if w == 0 {
+            return 0;
+        }
         let usable = (self.geo.segment_count as usize).saturating_sub(held_back + 2) as u64;
-        Some(usable * self.segment_data(after, w))
+        usable * self.segment_data(members, w)
     }
 
     /// Recomputes the live-data limit and whether live data is near it (on every new segment,
@@ -1140,6 +1150,15 @@ impl Pool {
             }
         }
         back
+    }
+
+    /// The live bytes the pool can hold with `members` members in service (at the stripe
+    /// width that leaves, less the cleaner's and checkpoints' reserves): what a member's
+    /// removal must fit in, and with `members` one fewer than now, the rebuild reserve's
+    /// limit (`PoolInfo::live_limit_bytes`). 0 when no stripe fits.
+    pub fn room_with_members(&self, members: usize) -> u64 {
+        let held_back = self.inner.writer.lock().segs.low_water();
+        self.inner.room_on(members, held_back)
     }
 
     /// Puts a failed drive back in service (a transient fault is over). Safe at any time:

@@ -256,3 +256,28 @@ fn cut_short(k: usize, m: usize, n: usize, lose: &[usize], blocks: u64, default_
         "seed {seed}: only {resumed} cuts fell after the rebuild freed segments and before it finished"
     );
 }
+
+/// `Pool::room_with_members` (what `flashpool drive remove` checks a removal against) for one
+/// member fewer than the pool has is the rebuild reserve's limit, and more members hold more.
+#[test]
+fn the_room_with_one_member_fewer_is_the_reserve_limit() {
+    for (n, k, m) in [(5, 4, 1), (6, 4, 2), (4, 2, 1), (8, 6, 2), (3, 1, 1)] {
+        let mems = mem_drives(n, false);
+        let pool = Pool::create(as_refs(&mems), &small_config(k, m)).unwrap();
+        pool.set_rebuild_reserve(true);
+        assert_eq!(
+            Some(pool.room_with_members(n - 1)),
+            pool.info().live_limit_bytes,
+            "{n} drives {k}+{m}"
+        );
+        assert!(
+            pool.room_with_members(n) > pool.room_with_members(n - 1),
+            "{n} drives {k}+{m}"
+        );
+        assert_eq!(
+            pool.room_with_members(m),
+            0,
+            "no stripe fits on {m} members"
+        );
+    }
+}

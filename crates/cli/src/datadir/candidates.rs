@@ -33,7 +33,7 @@ pub struct Candidates {
 }
 
 /// A file or block device's identity: (device, inode) for files, (0, rdev) for devices.
-fn identity(md: &std::fs::Metadata) -> (u64, u64) {
+pub fn identity(md: &std::fs::Metadata) -> (u64, u64) {
     if md.file_type().is_block_device() {
         (0, md.rdev())
     } else {

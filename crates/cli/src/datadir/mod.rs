@@ -14,7 +14,10 @@
 
 mod candidates;
 pub mod record;
+mod remove;
 pub mod signature;
+
+pub use remove::remove_drive;
 
 use anyhow::{anyhow, bail, Context, Result};
 use candidates::{dir_has_files, Candidates};
@@ -26,6 +29,25 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// A request refused because of the pool's state (a drive that is a member, a remove that
+/// would leave the data without room or redundancy): the admin doors answer it as a conflict
+/// (HTTP 409), not as a server failure.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Refuses with `msg`.
+pub fn refuse<T>(msg: String) -> Result<T> {
+    Err(Refused(msg).into())
+}
 
 /// The shape of a pool created on first use.
 #[derive(Clone, Debug)]
@@ -180,6 +202,13 @@ pub fn holds_pool(dir: &Path) -> bool {
 
 /// Opens the pool in `dir` (creating it when asked and the dir holds none).
 pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{} is not a directory: --data names the directory holding the pool (its drives, \
+             member record and admin socket)",
+            dir.display()
+        );
+    }
     if req.shape.memory {
         return open_memory(dir, req);
     }
@@ -413,15 +442,7 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     }
     // Nothing of the pool is kept there, but the admin socket lives in it.
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    if shape.k + shape.m > shape.drives {
-        bail!(
-            "protection {}+{} needs at least {} drives, --drives is {}",
-            shape.k,
-            shape.m,
-            shape.k + shape.m,
-            shape.drives
-        );
-    }
+    check_shape(shape.k, shape.m, shape.drives)?;
     let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
         let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size_or_default());
         let clock = if shape.sim_real_time {
@@ -539,6 +560,29 @@ fn remove_created(drives: &[NewDrive]) {
     }
 }
 
+/// Whether `k`+`m` protection on `n` drives makes a pool that keeps taking writes with a
+/// member down: a stripe needs at least one data chunk and all `m` parity chunks on distinct
+/// members, so with parity the pool needs `m` + 2 members (a 1+1 pool on two drives would turn
+/// read-only at its first failure, and stay so until the drive returned).
+fn check_shape(k: usize, m: usize, n: usize) -> Result<()> {
+    if k + m > n {
+        bail!(
+            "protection {k}+{m} needs at least {} drives, {n} given",
+            k + m
+        );
+    }
+    if m > 0 && n < m + 2 {
+        bail!(
+            "protection {k}+{m} on {n} drives: with a member down only {} would be left, too \
+             few for a stripe of 1 data and {m} parity chunks, and the pool would turn read-only; \
+             use at least {} drives",
+            n - 1,
+            m + 2
+        );
+    }
+    Ok(())
+}
+
 fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
     let shape = &req.shape;
     let paths: Vec<PathBuf> = if req.drives.is_empty() {
@@ -547,15 +591,7 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
         req.drives.clone()
     };
     let n = paths.len();
-    if shape.k + shape.m > n {
-        bail!(
-            "protection {}+{} needs at least {} drives, {} given",
-            shape.k,
-            shape.m,
-            shape.k + shape.m,
-            n
-        );
-    }
+    check_shape(shape.k, shape.m, n)?;
     let mut drive_size = shape.drive_size_or_default();
     let total = drive_size.saturating_mul(n as u64);
     // Only the drive files made here under DIR/drives take room from its filesystem.
@@ -641,11 +677,79 @@ fn next_drive_path(dir: &Path) -> PathBuf {
         .expect("some drive number is free")
 }
 
+/// Refuses `path` as a new member (`drive add`, `drive replace`) when it is one of this
+/// pool's members: the same file or device as a member not retired, compared by device and
+/// inode (by device number for block devices), so another spelling, a symlink or a hard link
+/// is caught; or a drive whose superblock names this pool and a member slot not retired (a
+/// member reached by a path the pool does not know, a missing member, a copy of one).
+/// `--force` does not override this: it is for foreign or filesystem content, and writing a
+/// new member over one of the pool's own destroys that member's chunks (on a degraded pool,
+/// data). A retired member's drive holds nothing the pool needs and may be reused (`--force`,
+/// since it holds a flashpool superblock).
+fn refuse_own_member(pool: &Pool, path: &Path) -> Result<()> {
+    let Ok(md) = fs::metadata(path) else {
+        return Ok(()); // a new file
+    };
+    if !md.is_file() && !md.file_type().is_block_device() {
+        return Ok(()); // `prepare_drive` says what it is
+    }
+    let id = candidates::identity(&md);
+    let drives = pool.drives();
+    for d in drives
+        .iter()
+        .filter(|d| d.state != "retired" && d.identity != "-")
+    {
+        if fs::metadata(&d.identity).is_ok_and(|m| candidates::identity(&m) == id) {
+            return refuse(format!(
+                "{} is member {} of this pool ({}, at {}): refusing to overwrite it (--force only \
+                 overrides foreign or filesystem content, never the pool's own members)",
+                path.display(),
+                d.index,
+                member_state_words(d.state),
+                d.identity
+            ));
+        }
+    }
+    let sb = signature::superblock(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Some(sb) = sb.filter(|sb| sb.pool_uuid == pool.uuid()) {
+        if let Some(d) = drives
+            .iter()
+            .find(|d| d.index == sb.drive_index as usize && d.state != "retired")
+        {
+            return refuse(format!(
+                "{} holds member {} of this pool ({}{}): refusing to overwrite it (--force only \
+                 overrides foreign or filesystem content, never the pool's own members); if it \
+                 is a stale copy, wipe its first 8 KiB first",
+                path.display(),
+                d.index,
+                member_state_words(d.state),
+                if d.identity == "-" {
+                    String::new()
+                } else {
+                    format!(", in use at {}", d.identity)
+                }
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A member state as a phrase for messages.
+fn member_state_words(state: &str) -> &'static str {
+    match state {
+        "active" => "in service",
+        "failed" => "failed, its data not rebuilt yet",
+        "missing" => "missing, its data not rebuilt yet",
+        _ => "not retired",
+    }
+}
+
 /// Adds a drive to a pool (open here, or held by this process's server): `path` (a block
 /// device or file, created at the pool's drive size if missing) or the next default drive
 /// file. Returns the path.
 pub fn add_drive(dir: &Path, pool: &Pool, path: Option<&Path>, force: bool) -> Result<PathBuf> {
     let path = path.map_or_else(|| next_drive_path(dir), Path::to_owned);
+    refuse_own_member(pool, &path)?;
     let nd = prepare_drive(&path, pool.info().drive_size, false, force)?;
     if let Err(e) = pool.add_drive_online(nd.drive.clone()) {
         remove_created(std::slice::from_ref(&nd));
@@ -668,6 +772,7 @@ pub fn replace_drive(
     if old >= count {
         bail!("no member {old} (the pool has {count})");
     }
+    refuse_own_member(pool, path)?;
     let nd = prepare_drive(path, pool.info().drive_size, false, force)?;
     let st = match pool.replace_drive(old, nd.drive.clone()) {
         Ok(st) => st,

@@ -4,6 +4,7 @@
 //! numbers at their fixed offsets (the ones blkid and libblkid probe first); they are a guard
 //! against the common mistakes, not a complete catalogue.
 
+use flashpool_engine::format::superblock::Superblock;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -20,6 +21,17 @@ pub fn recognise(path: &Path) -> std::io::Result<Option<String>> {
     Ok(recognise_bytes(&buf))
 }
 
+/// The newest valid flashpool superblock of the two slots at the start of `path`, if any
+/// (what a drive says it is: which pool, which member slot).
+pub fn superblock(path: &Path) -> std::io::Result<Option<Superblock>> {
+    let mut f = File::open(path)?;
+    let mut buf = Vec::with_capacity(8192);
+    f.by_ref().take(8192).read_to_end(&mut buf)?;
+    Ok((0..2)
+        .filter_map(|slot| Superblock::decode(buf.get(slot * 4096..)?).ok())
+        .max_by_key(|sb| sb.generation))
+}
+
 fn at(buf: &[u8], off: usize, magic: &[u8]) -> bool {
     buf.get(off..off + magic.len()) == Some(magic)
 }
@@ -32,7 +44,7 @@ pub fn recognise_bytes(buf: &[u8]) -> Option<String> {
             return Some(
                 match buf
                     .get(off..off + 4096)
-                    .and_then(|b| flashpool_engine::format::superblock::Superblock::decode(b).ok())
+                    .and_then(|b| Superblock::decode(b).ok())
                 {
                     Some(sb) => format!(
                         "a flashpool superblock (pool {}, member {})",

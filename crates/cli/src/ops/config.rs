@@ -35,9 +35,9 @@ pub struct FileConfig {
     pub sparse: Option<bool>,
     #[serde(default, deserialize_with = "ec")]
     pub ec: Option<(usize, usize)>,
-    #[serde(default, deserialize_with = "size")]
+    #[serde(default, deserialize_with = "drive_size")]
     pub drive_size: Option<u64>,
-    #[serde(default, deserialize_with = "size")]
+    #[serde(default, deserialize_with = "volume_size")]
     pub volume_size: Option<u64>,
     pub memory: Option<bool>,
     pub sim_drives: Option<String>,
@@ -77,18 +77,35 @@ fn custom<T, E: serde::de::Error>(r: Result<T>) -> Result<Option<T>, E> {
     r.map(Some).map_err(|e| E::custom(format!("{e:#}")))
 }
 
-/// A size: a number of bytes or a string with a suffix ("64M", "1GiB").
-fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Size {
-        Bytes(u64),
-        Text(String),
+/// A size: a number of bytes or a string with a suffix ("64M", "1GiB"); anything else (a
+/// negative number, a float, a table) is named with the key and the forms accepted, where
+/// serde's untagged enum would say only "data did not match any variant".
+/// Returns the bytes and the value as written.
+fn size<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<(u64, String), D::Error> {
+    let bad = |what: String| {
+        serde::de::Error::custom(format!(
+            "{key} = {what}: expected a number of bytes (4096) or a string with a suffix \
+             (\"64M\", \"1G\")"
+        ))
+    };
+    match toml::Value::deserialize(d)? {
+        toml::Value::Integer(n) => u64::try_from(n)
+            .map(|b| (b, n.to_string()))
+            .map_err(|_| bad(n.to_string())),
+        toml::Value::String(t) => crate::size::parse_size(&t)
+            .map(|b| (b, format!("{t:?}")))
+            .map_err(|e| serde::de::Error::custom(format!("{key}: {e:#}"))),
+        other => Err(bad(other.to_string())),
     }
-    match Size::deserialize(d)? {
-        Size::Bytes(n) => Ok(Some(n)),
-        Size::Text(t) => custom(crate::size::parse_size(&t)),
-    }
+}
+
+fn drive_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let (n, given) = size(d, "drive-size")?;
+    custom(crate::size::check_drive_size(&given, n))
+}
+
+fn volume_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d, "volume-size").map(|(n, _)| Some(n))
 }
 
 fn ec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<(usize, usize)>, D::Error> {
