@@ -18,7 +18,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 # The deterministic simulation runs this many seeds (each seed is a pool, a workload, faults,
 # crashes and reopens); FLASHPOOL_DST_SECONDS=N runs it for as long as asked instead.
-export FLASHPOOL_DST_SEEDS=${FLASHPOOL_DST_SEEDS:-1200}
+export FLASHPOOL_DST_SEEDS=${FLASHPOOL_DST_SEEDS:-1000}
 cargo test --workspace
 
 step "NBD tests again with every connection on reactors (Config::reactors)"
