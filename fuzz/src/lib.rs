@@ -479,6 +479,7 @@ fn nvme_target() -> Arc<flashpool_nvmet::Target> {
         traddr: String::new(),
         trsvcid: String::new(),
         tls: None,
+        ..Default::default()
     });
     if let Some(sub) = t.subsystem(NVME_NQN) {
         if let Some(c) = t.create_controller(CtrlKind::Nvm(sub), NVME_HOSTNQN.into(), [0xAA; 16], 0)

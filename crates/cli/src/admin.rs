@@ -728,19 +728,49 @@ pub fn spawn(ctx: Arc<AdminCtx>) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// How long a client has to send its whole command: a deadline for the command, not for
+/// each read, so a client trickling a byte at a time cannot hold one of the
+/// `MAX_ADMIN_CONNECTIONS` slots for longer (eight such clients used to lock every admin
+/// command, `status` included, out for hours).
+const COMMAND_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Longest command read (a path included): anything longer is not one of ours.
+const MAX_COMMAND: usize = 4096;
+
 /// Reads one command from `conn` and answers it.
 fn serve_one(ctx: &AdminCtx, conn: UnixStream) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut line = String::new();
-    // At most 4 KiB of command (a path included): anything longer is not one of ours.
-    if BufReader::new((&conn).take(4096))
-        .read_line(&mut line)
-        .is_err()
-    {
+    let Some(line) = read_command(&conn) else {
         return;
-    }
+    };
     let reply = answer(ctx, line.trim());
     let _ = (&conn).write_all(format!("{reply}\n").as_bytes());
+}
+
+/// The command line a client sends (up to its newline, or all it sent before closing), or
+/// None when it is too long, not UTF-8, or not complete by `COMMAND_DEADLINE`.
+fn read_command(conn: &UnixStream) -> Option<String> {
+    let deadline = std::time::Instant::now() + COMMAND_DEADLINE;
+    let mut line = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    loop {
+        let left = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())?;
+        conn.set_read_timeout(Some(left)).ok()?;
+        let n = (&*conn).read(&mut chunk).ok()?;
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&chunk[..n]);
+        if let Some(end) = line.iter().position(|&b| b == b'\n') {
+            line.truncate(end);
+            break;
+        }
+        if line.len() > MAX_COMMAND {
+            return None;
+        }
+    }
+    String::from_utf8(line).ok()
 }
 
 /// How long the CLI waits for the server's answer: status answers at once; commands that
@@ -764,9 +794,17 @@ pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
     })?;
     let wait = answer_timeout(command);
     s.set_read_timeout(Some(wait))?;
-    writeln!(s, "{command}")?;
+    // A server with every admin slot taken answers `busy` and closes without reading: the
+    // write may then fail (a broken pipe) with that answer waiting to be read.
+    let sent = writeln!(s, "{command}");
     let mut reply = String::new();
-    if let Err(e) = BufReader::new(s).read_line(&mut reply) {
+    let read = BufReader::new(s).read_line(&mut reply);
+    if let Err(e) = sent {
+        if reply.is_empty() {
+            return Err(e).context("sending the command to the server");
+        }
+    }
+    if let Err(e) = read {
         if matches!(
             e.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut

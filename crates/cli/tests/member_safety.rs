@@ -19,35 +19,12 @@
 
 mod common;
 
-use common::{flashpool, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, ok_stdout, refused, s, Nbd, Server, TempDir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 const MIB: u64 = 1 << 20;
-
-fn ok(what: &str, out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}: {err}",
-        out.status.code()
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// A refusal: non-zero exit, every word in the error, none of `never`.
-fn refused(what: &str, out: &Output, words: &[&str], never: &[&str]) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{what}: exit 0: {err}");
-    for w in words {
-        assert!(err.contains(w), "{what}: error lacks {w:?}: {err}");
-    }
-    for w in never {
-        assert!(!err.contains(w), "{what}: error says {w:?}: {err}");
-    }
-    err
-}
 
 fn drive(data: &Path, args: &[&str]) -> Output {
     let mut v = vec!["drive", "--data", s(data)];
@@ -57,7 +34,7 @@ fn drive(data: &Path, args: &[&str]) -> Output {
 
 fn status(data: &Path) -> Value {
     let out = flashpool(&["status", "--data", s(data), "--json"]);
-    serde_json::from_str(&ok("status --json", &out)).unwrap()
+    serde_json::from_str(&ok_stdout("status --json", &out)).unwrap()
 }
 
 fn status_text(data: &Path) -> String {
@@ -129,7 +106,7 @@ fn intact(what: &str, nbd: &str, seed: u64, len: usize) {
 /// A scrub (online or offline) finds every chunk sound.
 fn scrub_clean(what: &str, data: &Path) {
     let out = flashpool(&["scrub", "--data", s(data), "--check-only", "--json"]);
-    let r: Value = serde_json::from_str(&ok("scrub", &out)).unwrap();
+    let r: Value = serde_json::from_str(&ok_stdout("scrub", &out)).unwrap();
     assert_eq!(r["bad_chunks"], 0, "{what}: {r}");
     assert!(r["stripes_checked"].as_u64().unwrap() > 0, "{what}: {r}");
 }

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{flashpool, s, TempDir};
+use common::{flashpool, ok, refused, s, TempDir};
 use flashpool_engine::drive::{DriveRef, FileDrive};
 use flashpool_engine::{OpenOptions, Pool};
 use std::path::{Path, PathBuf};
@@ -23,25 +23,6 @@ fn serve_once(data: &Path, extra: &[&str]) -> Output {
     let mut args = vec!["serve", "--data", s(data), "--stdio"];
     args.extend_from_slice(extra);
     flashpool(&args)
-}
-
-fn ok(what: &str, out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}: {err}",
-        out.status.code()
-    );
-    String::from_utf8_lossy(&out.stdout).to_string() + &err
-}
-
-fn refused(what: &str, out: &Output, words: &[&str]) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{what}: exit 0: {err}");
-    for w in words {
-        assert!(err.contains(w), "{what}: error lacks {w:?}: {err}");
-    }
-    err
 }
 
 fn status_json(data: &Path) -> serde_json::Value {
@@ -230,6 +211,7 @@ fn all_but_one_gone_is_refused_and_touches_nothing() {
             &format!("{args:?}"),
             &flashpool(&args),
             &["refusing", "4 of 5 members missing"],
+            &[],
         );
         for i in 1..5 {
             assert!(err.contains(&format!("drive-{i}.img")), "{err}");
@@ -256,6 +238,7 @@ fn all_but_one_gone_is_refused_and_touches_nothing() {
         "no drives",
         &serve_once(&data, &[]),
         &["no drive of pool", "refusing"],
+        &[],
     );
     assert!(
         drive_files(&data).is_empty(),
@@ -279,6 +262,7 @@ fn two_missing_on_4_plus_1_refused_then_one_put_back_opens() {
             "nothing was written",
             "present: member 0",
         ],
+        &[],
     );
     assert!(
         err.contains("missing: member 1") && err.contains("missing: member 3"),
@@ -387,6 +371,7 @@ fn foreign_stale_truncated_and_blank_drives_are_named_not_taken() {
         "foreign + truncated",
         &serve_once(&data, &[]),
         &["2 of 5 members missing"],
+        &[],
     );
     assert!(err.contains("belongs to another pool"), "{err}");
     assert!(err.contains("damaged"), "{err}");
@@ -396,7 +381,7 @@ fn foreign_stale_truncated_and_blank_drives_are_named_not_taken() {
     let blank = drives_dir(&data).join("blank.img");
     std::fs::write(&blank, vec![0u8; 1 << 20]).unwrap();
     let out = flashpool(&["status", "--data", s(&data)]);
-    let st = refused("2 and 4 down", &out, &["2 of 5 members missing"]);
+    let st = refused("2 and 4 down", &out, &["2 of 5 members missing"], &[]);
     assert!(
         st.contains("blank.img: no valid flashpool superblock"),
         "{st}"
@@ -496,6 +481,7 @@ fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
         "ext over dev3",
         &serve_once(&data, &args),
         &["dev3.img holds an ext2 filesystem", "--force"],
+        &[],
     );
     let _ = err;
     assert!(
@@ -507,6 +493,7 @@ fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
         "pool over dev4",
         &serve_once(&data, &args),
         &["dev4.img holds a flashpool superblock"],
+        &[],
     );
     args.push("--force");
     ok("forced", &serve_once(&data, &args));
@@ -522,6 +509,7 @@ fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
         "drives and drive",
         &flashpool(&["serve", "--data", s(&data), "--drives", "5", "--drive", "x"]),
         &["--drive"],
+        &[],
     );
     refused(
         "bad listen",
@@ -533,6 +521,7 @@ fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
             "nowhere",
         ]),
         &["--listen"],
+        &[],
     );
     assert!(
         !t.0.join("fresh").exists(),

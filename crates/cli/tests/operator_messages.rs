@@ -6,32 +6,8 @@
 
 mod common;
 
-use common::{flashpool, s, Server, TempDir};
+use common::{flashpool, ok, refused, s, Server, TempDir};
 use std::path::Path;
-use std::process::Output;
-
-fn ok(what: &str, out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}: {err}",
-        out.status.code()
-    );
-    String::from_utf8_lossy(&out.stdout).to_string() + &err
-}
-
-/// A refusal naming every word, saying none of `never`.
-fn refused(what: &str, out: &Output, words: &[&str], never: &[&str]) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{what}: exit 0: {err}");
-    for w in words {
-        assert!(err.contains(w), "{what}: error lacks {w:?}: {err}");
-    }
-    for w in never {
-        assert!(!err.contains(w), "{what}: error says {w:?}: {err}");
-    }
-    err
-}
 
 /// A small pool made by `serve --stdio` with no client.
 fn make_pool(data: &Path) {

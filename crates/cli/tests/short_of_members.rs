@@ -6,20 +6,8 @@
 
 mod common;
 
-use common::{flashpool, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, s, Nbd, Server, TempDir};
 use flashpool_nbd::proto::FLAG_READ_ONLY;
-
-fn ok(args: &[&str]) -> String {
-    let out = flashpool(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: exit {:?}: {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 fn block(seed: u8) -> Vec<u8> {
     (0..4096u32)
@@ -43,9 +31,15 @@ fn a_pool_short_of_members_is_read_only_until_a_member_is_readmitted() {
     c.disconnect();
 
     // Two of four members out: a stripe needs three.
-    ok(&["drive", "--data", d, "fail", "0"]);
-    ok(&["drive", "--data", d, "fail", "1"]);
-    let status = ok(&["status", "--data", d]);
+    ok(
+        "drive fail 0",
+        &flashpool(&["drive", "--data", d, "fail", "0"]),
+    );
+    ok(
+        "drive fail 1",
+        &flashpool(&["drive", "--data", d, "fail", "1"]),
+    );
+    let status = ok("status", &flashpool(&["status", "--data", d]));
     assert!(status.contains("READ-ONLY"), "{status}");
     let mut c = Nbd::connect(&srv.nbd, "").unwrap();
     assert_ne!(c.flags & FLAG_READ_ONLY, 0, "exported read-only");
@@ -54,9 +48,12 @@ fn a_pool_short_of_members_is_read_only_until_a_member_is_readmitted() {
     }
     c.disconnect();
 
-    let out = ok(&["drive", "--data", d, "readmit", "1"]);
+    let out = ok(
+        "drive readmit 1",
+        &flashpool(&["drive", "--data", d, "readmit", "1"]),
+    );
     assert!(out.contains("back in service"), "{out}");
-    let status = ok(&["status", "--data", d]);
+    let status = ok("status", &flashpool(&["status", "--data", d]));
     assert!(!status.contains("READ-ONLY"), "{status}");
     let mut c = Nbd::connect(&srv.nbd, "").unwrap();
     assert_eq!(c.flags & FLAG_READ_ONLY, 0, "writable again");
@@ -67,7 +64,7 @@ fn a_pool_short_of_members_is_read_only_until_a_member_is_readmitted() {
 
     // The readmit was recorded: the pool opens writable, member 1 in service.
     let srv = Server::start(&data, &args);
-    let status = ok(&["status", "--data", d]);
+    let status = ok("status", &flashpool(&["status", "--data", d]));
     assert!(!status.contains("READ-ONLY"), "after a restart: {status}");
     let mut c = Nbd::connect(&srv.nbd, "").unwrap();
     assert_eq!(c.flags & FLAG_READ_ONLY, 0, "writable after a restart");

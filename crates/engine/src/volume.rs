@@ -336,6 +336,24 @@ impl Volume {
         let mut pos = offset;
         while pos < end {
             let lba = pos / B;
+            // Blocks no leaf holds are a hole together, whatever their number.
+            let absent = if pos.is_multiple_of(B) {
+                self.vol.map.absent_from(lba)
+            } else {
+                0
+            };
+            if absent > 0 {
+                let n = absent.saturating_mul(B).min(end - pos);
+                match out.last_mut() {
+                    Some(e) if e.state == BlockState::Hole => e.length += n,
+                    _ => out.push(Extent {
+                        length: n,
+                        state: BlockState::Hole,
+                    }),
+                }
+                pos += n;
+                continue;
+            }
             let n = (B - pos % B).min(end - pos);
             let state = match Entry::decode(self.vol.map.get(lba)) {
                 Some(Entry::Unmapped) | None => BlockState::Hole,

@@ -1,29 +1,85 @@
 //! The HTTP listeners of `flashpool serve`: `GET /metrics` (Prometheus text, `--metrics`) and
 //! the admin JSON API under `/api/v1/` (`--api`, or on the metrics listener when only
-//! `--api-token-file` is given), on `tiny_http` (small, synchronous, threads: like the rest of
-//! the server).
+//! `--api-token-file` is given), on `hyper` 1.x (HTTP/1.1 only) over a small tokio runtime that
+//! each listener owns: one thread for the sockets, a bounded blocking pool for the work.
 //!
 //! Every API request needs `Authorization: Bearer TOKEN` with the token of `--api-token-file`
 //! (401 otherwise); peers that are not loopback addresses get 403 unless `--api-allow-remote`.
 //! Each route becomes an [`Op`] and is carried out by `admin::execute`, the code the admin
 //! socket runs: one place owns each operation. docs/openapi.yaml describes the routes.
+//!
+//! What a client can make a listener hold is bounded: connections ([`MAX_CONNECTIONS`]), the
+//! time to send a request's head ([`HEADER_READ_TIMEOUT`], also the idle time of a kept-alive
+//! connection) and its body ([`BODY_READ_TIMEOUT`]), the head's size ([`MAX_HEAD_BYTES`],
+//! [`MAX_HEADERS`]), the body's ([`MAX_BODY`]), the time an answer may wait on a client that
+//! does not read it ([`WRITE_STALL_TIMEOUT`]), and the operations running at once
+//! ([`MAX_CHANGES`]). A body that is not read (a path that takes none, a refused request, one
+//! declared over the limit) is never read: the answer says `Connection: close`. Accept errors
+//! (out of file descriptors) are logged and retried after a pause; the listener never ends.
 
 use crate::admin::{execute, AdminCtx, Failure, Op, OpError};
 use crate::ops::metrics::Metrics;
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Incoming};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
+use hyper::{Method, Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
-use std::io::Read;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
-use tiny_http::{Header, Method, Request, Response, Server};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Semaphore;
 
-/// Largest request body read (JSON arguments are small).
+/// Largest request body read (JSON arguments are small). A body declared longer is answered
+/// 413 without reading it; a chunked one is cut at this size.
 const MAX_BODY: u64 = 64 << 10;
 
-/// Threads answering requests of one listener: long operations (a rebuild, a scrub) hold
-/// one each while the others answer status and metrics.
-const WORKERS: usize = 4;
+/// Largest request head (request line and headers) taken: hyper's read buffer and its header
+/// size limit. Real requests have a few hundred bytes; without a bound a client could make the
+/// server buffer megabytes per connection before any authentication (431 past it).
+const MAX_HEAD_BYTES: usize = 16 << 10;
+
+/// Most header lines in a request head (431 past it): curl and Prometheus send under ten.
+const MAX_HEADERS: usize = 64;
+
+/// Time a client has to send a whole request head, from the moment the connection is ready for
+/// one: so also how long an idle kept-alive connection is kept. A client that connects and
+/// sends nothing (or one byte a minute) holds a connection slot for no longer than this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time a client has to send a whole request body (at most [`MAX_BODY`]), once its head is
+/// read: a body declared and never sent does not hold a connection for ever (408, closed).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long writing an answer may make no progress (a client that stops reading it) before the
+/// connection is dropped.
+const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections served at once by one listener. At the cap the listener stops accepting until
+/// one ends (new clients wait in the kernel's backlog); each connection ends within the
+/// timeouts above unless it is waiting on an operation it asked for.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Operations that change something (a rebuild, a scrub, a volume create: some take minutes)
+/// running at once per listener, as the four worker threads of the earlier server; read-only
+/// ones (status, lists) and scrapes do not wait for these.
+const MAX_CHANGES: usize = 4;
+
+/// Threads of a listener's blocking pool, where operations and metrics rendering run (the
+/// socket thread never waits on the pool).
+const BLOCKING_THREADS: usize = 16;
+
+/// First and longest pause after an accept error (out of file descriptors, say): the loop
+/// waits, logs, and accepts again, doubling the pause while the errors go on.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// The bearer token of the API.
 pub struct Token(Vec<u8>);
@@ -84,124 +140,221 @@ pub struct Door {
     pub api: Option<Arc<Api>>,
 }
 
-/// Serves `door` on `listener` with worker threads of their own; returns the bound address.
-/// `what` names the flag in errors.
+/// A listener's state shared by its connections.
+struct Shared {
+    door: Door,
+    changes: Arc<Semaphore>,
+}
+
+/// Serves `door` on `listener` with a runtime and threads of its own; returns the bound
+/// address. `what` names the flag in errors.
 pub fn spawn(listener: std::net::TcpListener, door: Door, what: &str) -> Result<SocketAddr> {
     let local = listener.local_addr()?;
-    // tiny_http sets no timeouts on its connections; Linux gives accepted sockets the
-    // listener's send timeout, so a client that stops reading an answer is dropped after
-    // IO_TIMEOUT instead of holding a thread for ever. (Not the receive timeout: on the
-    // listener it would time out accept() too.)
-    set_timeout(&listener, libc::SO_SNDTIMEO, IO_TIMEOUT)
-        .with_context(|| format!("{what} {local}: setting socket timeouts"))?;
-    let spare = listener
-        .try_clone()
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .thread_name("http-work")
+        .build()
+        .with_context(|| format!("{what} {local}: starting the HTTP runtime"))?;
+    listener
+        .set_nonblocking(true)
         .with_context(|| format!("{what} {local}"))?;
-    let server = Server::from_listener(listener, None)
-        .map_err(|e| anyhow::anyhow!("{what} {local}: {e}"))?;
-    let current = Arc::new(std::sync::RwLock::new(Arc::new(server)));
-    let door = Arc::new(door);
-    let spare = Arc::new(spare);
-    for n in 0..WORKERS {
-        let (current, door, spare) = (current.clone(), door.clone(), spare.clone());
-        std::thread::Builder::new()
-            .name(format!("http-{n}"))
-            .spawn(move || loop {
-                let server = current.read().unwrap_or_else(|e| e.into_inner()).clone();
-                match server.recv_timeout(std::time::Duration::from_secs(1)) {
-                    Ok(Some(req)) => handle(&door, req),
-                    Ok(None) => {}
-                    Err(e) => {
-                        // tiny_http's accept thread stops at the first accept error (out of
-                        // file descriptors, say): start a new server on the same socket, so
-                        // the listener outlives the error.
-                        tracing::warn!(error = %e, "HTTP listener: accepting again");
-                        std::thread::sleep(std::time::Duration::from_millis(200));
-                        let mut cur = current.write().unwrap_or_else(|e| e.into_inner());
-                        if Arc::ptr_eq(&cur, &server) {
-                            match spare.try_clone().map_err(|e| e.to_string()).and_then(|l| {
-                                Server::from_listener(l, None).map_err(|e| e.to_string())
-                            }) {
-                                Ok(s) => *cur = Arc::new(s),
-                                Err(e) => tracing::error!(error = %e, "HTTP listener"),
-                            }
-                        }
-                    }
-                }
-            })
-            .context("starting an HTTP thread")?;
-    }
+    let listener = {
+        let _in = rt.enter();
+        tokio::net::TcpListener::from_std(listener).with_context(|| format!("{what} {local}"))?
+    };
+    let shared = Arc::new(Shared {
+        door,
+        changes: Arc::new(Semaphore::new(MAX_CHANGES)),
+    });
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || rt.block_on(accept_loop(listener, shared)))
+        .context("starting the HTTP thread")?;
     Ok(local)
 }
 
-/// How long a connection may sit in the middle of a request or an answer.
-const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-fn set_timeout(
-    l: &std::net::TcpListener,
-    opt: libc::c_int,
-    t: std::time::Duration,
-) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: setsockopt on a socket we own, with a timeval that lives across the call and
-    // its exact size.
-    let r = unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        // At the cap, wait for a connection to end before taking the next one.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return; // never closed
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                c
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, pause = ?backoff, "HTTP listener: accept failed; accepting again after a pause");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&shared, peer, req).await) }
+            });
+            let io = TokioIo::new(StallGuard::new(stream));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .max_header_size(MAX_HEAD_BYTES)
+                .max_headers(MAX_HEADERS)
+                .serve_connection(io, service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "HTTP connection ended");
+            }
+            drop(slot);
+        });
     }
 }
 
-fn header(name: &str, value: &str) -> Header {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid static header")
+/// A connection whose writes fail with `TimedOut` once they have made no progress for
+/// [`WRITE_STALL_TIMEOUT`] (tokio's sockets are non-blocking: `SO_SNDTIMEO` does not apply).
+struct StallGuard {
+    inner: tokio::net::TcpStream,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-fn json_response(code: u16, v: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
+impl StallGuard {
+    fn new(inner: tokio::net::TcpStream) -> Self {
+        StallGuard {
+            inner,
+            stalled: None,
+        }
+    }
+
+    /// After a write that could not proceed: arm the timer, or fail when it has run out.
+    fn pending_write<T>(&mut self, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<T>> {
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL_TIMEOUT)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading the answer",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for StallGuard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallGuard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Pending => self.pending_write(cx),
+            r => {
+                self.stalled = None;
+                r
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Pending => self.pending_write(cx),
+            r => {
+                self.stalled = None;
+                r
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+type Answer = Response<Full<Bytes>>;
+
+fn answer(code: u16, content_type: &'static str, body: Vec<u8>) -> Answer {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = hyper::StatusCode::from_u16(code).expect("a valid status code");
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_response(code: u16, v: &Value) -> Answer {
     let mut body = serde_json::to_vec_pretty(v).unwrap_or_default();
     body.push(b'\n');
-    Response::from_data(body)
-        .with_status_code(code)
-        .with_header(header("Content-Type", "application/json"))
-        .with_header(header("Cache-Control", "no-store"))
+    let mut r = answer(code, "application/json", body);
+    r.headers_mut()
+        .insert("Cache-Control", HeaderValue::from_static("no-store"));
+    r
 }
 
-fn error_response(code: u16, msg: &str) -> Response<std::io::Cursor<Vec<u8>>> {
+fn error_response(code: u16, msg: &str) -> Answer {
     json_response(code, &serde_json::json!({ "error": msg }))
 }
 
-fn handle(door: &Door, mut req: Request) {
-    let url = req.url().to_string();
-    let path = url.split('?').next().unwrap_or("").to_string();
+/// Whether a request has a body that may still be unread.
+fn has_body(req: &Request<Incoming>) -> bool {
+    !req.body().is_end_stream()
+}
+
+async fn handle(shared: &Shared, peer: SocketAddr, req: Request<Incoming>) -> Answer {
+    let door = &shared.door;
+    let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let resp = if path == "/metrics" {
+    let unread_body = has_body(&req);
+    let mut resp = if path == "/metrics" {
         match (&door.metrics, &method) {
-            (Some(m), Method::Get | Method::Head) => match m.render() {
-                Ok(text) => Response::from_data(text.into_bytes())
-                    .with_header(header("Content-Type", prometheus::TEXT_FORMAT)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "encoding metrics");
-                    error_response(500, &format!("encoding metrics: {e}"))
+            (Some(m), &Method::GET | &Method::HEAD) => {
+                let m = m.clone();
+                match tokio::task::spawn_blocking(move || m.render()).await {
+                    Ok(Ok(text)) => answer(200, prometheus::TEXT_FORMAT, text.into_bytes()),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "encoding metrics");
+                        error_response(500, &format!("encoding metrics: {e}"))
+                    }
+                    Err(e) => error_response(500, &format!("encoding metrics: {e}")),
                 }
-            },
+            }
             (Some(_), _) => error_response(405, "GET /metrics"),
             (None, _) => error_response(404, "no metrics on this listener (--metrics)"),
         }
     } else if path == "/api" || path.starts_with("/api/") {
         match &door.api {
-            Some(api) => api_response(api, &mut req, &method, &path),
+            Some(api) => return api_response(shared, api, peer, req, &method, &path).await,
             None => error_response(
                 404,
                 "no admin API on this listener (--api, or --api-token-file for the metrics listener)",
@@ -222,41 +375,85 @@ fn handle(door: &Door, mut req: Request) {
     } else {
         error_response(404, &format!("no such path {path:?}"))
     };
-    if let Err(e) = req.respond(resp) {
-        tracing::debug!(error = %e, "HTTP client went away before the answer");
+    if unread_body {
+        close(&mut resp);
     }
+    resp
 }
 
-fn api_response(
-    api: &Api,
-    req: &mut Request,
+/// Marks an answer as the connection's last (its request body is not read, or not all of it).
+fn close(resp: &mut Answer) {
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+}
+
+async fn api_response(
+    shared: &Shared,
+    api: &Arc<Api>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
     method: &Method,
     path: &str,
-) -> Response<std::io::Cursor<Vec<u8>>> {
-    let remote_ok = api.allow_remote || req.remote_addr().is_some_and(crate::ops::is_loopback);
+) -> Answer {
+    let unread_body = has_body(&req);
+    let refused = |mut r: Answer| {
+        if unread_body {
+            close(&mut r);
+        }
+        r
+    };
+    let remote_ok = api.allow_remote || crate::ops::is_loopback(&peer);
     if !remote_ok {
-        return error_response(
+        return refused(error_response(
             403,
             "the admin API answers loopback peers only (--api-allow-remote)",
-        );
+        ));
     }
     let bearer = req
         .headers()
+        .get_all(hyper::header::AUTHORIZATION)
         .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
+        .next()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().as_bytes().to_vec());
     if !bearer.is_some_and(|t| api.token.matches(&t)) {
-        return error_response(401, "missing or wrong bearer token (Authorization: Bearer TOKEN, the token of --api-token-file)")
-            .with_header(header("WWW-Authenticate", "Bearer realm=\"flashpool\""));
+        let mut r = error_response(401, "missing or wrong bearer token (Authorization: Bearer TOKEN, the token of --api-token-file)");
+        r.headers_mut().insert(
+            "WWW-Authenticate",
+            HeaderValue::from_static("Bearer realm=\"flashpool\""),
+        );
+        return refused(r);
     }
-    let mut body = Vec::new();
-    if let Err(e) = req.as_reader().take(MAX_BODY + 1).read_to_end(&mut body) {
-        return error_response(400, &format!("reading the request body: {e}"));
+    if req.body().size_hint().lower() > MAX_BODY {
+        let mut r = error_response(413, "request body over 64 KiB");
+        close(&mut r);
+        return r;
     }
-    if body.len() as u64 > MAX_BODY {
-        return error_response(413, "request body over 64 KiB");
-    }
+    let body = Limited::new(req.into_body(), MAX_BODY as usize);
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => {
+            let mut r = if e.is::<http_body_util::LengthLimitError>() {
+                error_response(413, "request body over 64 KiB")
+            } else {
+                error_response(400, &format!("reading the request body: {e}"))
+            };
+            close(&mut r);
+            return r;
+        }
+        Err(_) => {
+            let mut r = error_response(
+                408,
+                &format!(
+                    "reading the request body: not all sent within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            );
+            close(&mut r);
+            return r;
+        }
+    };
     let args: Value = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Default::default())
     } else {
@@ -274,11 +471,31 @@ fn api_response(
     let what = format!("{op:?}");
     let read_only = op.read_only();
     let created = matches!(op, Op::VolumeCreate { .. });
-    let result = execute(&api.ctx, op);
+    // Changes wait for a slot; the permit goes with the work, so an operation whose client
+    // went away still counts until it ends.
+    let permit = if read_only {
+        None
+    } else {
+        match shared.changes.clone().acquire_owned().await {
+            Ok(p) => Some(p),
+            Err(_) => return error_response(503, "the HTTP listener is shutting down"),
+        }
+    };
+    let ctx = api.ctx.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let r = execute(&ctx, op);
+        drop(permit);
+        r
+    })
+    .await;
+    let result = match done {
+        Ok(r) => r,
+        Err(e) => return error_response(500, &format!("the operation failed: {e}")),
+    };
     if !read_only {
         tracing::info!(
             op = %what,
-            peer = ?req.remote_addr(),
+            peer = %peer,
             ok = result.is_ok(),
             secs = started.elapsed().as_secs_f64(),
             "admin API"
@@ -396,11 +613,10 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
         )
     })?;
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
-    use Method::{Delete, Get, Patch, Post};
-    let op = match (method, parts.as_slice()) {
-        (Get, ["status"]) => Op::Status,
-        (Get, ["volumes"]) => Op::VolumeList,
-        (Post, ["volumes"]) => {
+    let op = match (method.as_str(), parts.as_slice()) {
+        ("GET", ["status"]) => Op::Status,
+        ("GET", ["volumes"]) => Op::VolumeList,
+        ("POST", ["volumes"]) => {
             only(args, &["name", "size", "compression"])?;
             Op::VolumeCreate {
                 name: string_field(args, "name")?.ok_or_else(|| bad("\"name\" is required"))?,
@@ -408,10 +624,10 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 compression: compression_field(args, "compression")?.unwrap_or_default(),
             }
         }
-        (Get, ["volumes", name]) => Op::VolumeGet {
+        ("GET", ["volumes", name]) => Op::VolumeGet {
             name: name.to_string(),
         },
-        (Patch, ["volumes", name]) => {
+        ("PATCH", ["volumes", name]) => {
             only(args, &["size", "force", "compression"])?;
             let size = size_field(args, "size")?;
             let compression = compression_field(args, "compression")?;
@@ -431,33 +647,33 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 (None, None) => return Err(bad("give \"size\" or \"compression\"")),
             }
         }
-        (Delete, ["volumes", name]) => Op::VolumeDelete {
+        ("DELETE", ["volumes", name]) => Op::VolumeDelete {
             name: name.to_string(),
         },
-        (Get, ["drives"]) => Op::DriveList,
-        (Post, ["drives"]) => {
+        ("GET", ["drives"]) => Op::DriveList,
+        ("POST", ["drives"]) => {
             only(args, &["path", "force"])?;
             Op::DriveAdd {
                 path: path_field(args, "path")?,
                 force: bool_field(args, "force")?,
             }
         }
-        (Post, ["drives", i, "fail"]) => {
+        ("POST", ["drives", i, "fail"]) => {
             only(args, &["force"])?;
             Op::DriveFail {
                 index: index(i)?,
                 force: bool_field(args, "force")?,
             }
         }
-        (Post, ["drives", i, "remove"]) => {
+        ("POST", ["drives", i, "remove"]) => {
             only(args, &[])?;
             Op::DriveRemove { index: index(i)? }
         }
-        (Post, ["drives", i, "readmit"]) => {
+        ("POST", ["drives", i, "readmit"]) => {
             only(args, &[])?;
             Op::DriveReadmit { index: index(i)? }
         }
-        (Post, ["drives", i, "replace"]) => {
+        ("POST", ["drives", i, "replace"]) => {
             only(args, &["path", "force"])?;
             Op::DriveReplace {
                 old: index(i)?,
@@ -465,12 +681,12 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 force: bool_field(args, "force")?,
             }
         }
-        (Get, ["rebuild"]) => Op::RebuildStatus,
-        (Post, ["rebuild", "start"]) => Op::Rebuild,
-        (Post, ["rebuild", "pause"]) => Op::RebuildPause,
-        (Post, ["rebuild", "resume"]) => Op::RebuildResume,
-        (Get, ["cleaner"]) => Op::CleanerStatus,
-        (Post, ["cleaner", "run"]) => {
+        ("GET", ["rebuild"]) => Op::RebuildStatus,
+        ("POST", ["rebuild", "start"]) => Op::Rebuild,
+        ("POST", ["rebuild", "pause"]) => Op::RebuildPause,
+        ("POST", ["rebuild", "resume"]) => Op::RebuildResume,
+        ("GET", ["cleaner"]) => Op::CleanerStatus,
+        ("POST", ["cleaner", "run"]) => {
             only(args, &["free_segments"])?;
             Op::CleanerRun {
                 free_segments: match field(args, "free_segments") {
@@ -483,9 +699,9 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 },
             }
         }
-        (Post, ["cleaner", "pause"]) => Op::CleanerPause,
-        (Post, ["cleaner", "resume"]) => Op::CleanerResume,
-        (Post, ["scrub"]) => {
+        ("POST", ["cleaner", "pause"]) => Op::CleanerPause,
+        ("POST", ["cleaner", "resume"]) => Op::CleanerResume,
+        ("POST", ["scrub"]) => {
             only(args, &["check_only"])?;
             Op::Scrub {
                 repair: !bool_field(args, "check_only")?,
@@ -506,7 +722,7 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
         ) => return Err((405, format!("{method} is not allowed on {path}"))),
         _ => return Err((404, format!("no such path {path:?}"))),
     };
-    if method == &Get && !op.read_only() {
+    if method == Method::GET && !op.read_only() {
         return Err((405, format!("{method} is not allowed on {path}")));
     }
     Ok(op)
@@ -520,10 +736,10 @@ mod tests {
     #[test]
     fn routes() {
         let r = |m: Method, p: &str, a: Value| route(&m, p, &a);
-        assert_eq!(r(Method::Get, "/api/v1/status", json!({})), Ok(Op::Status));
+        assert_eq!(r(Method::GET, "/api/v1/status", json!({})), Ok(Op::Status));
         assert_eq!(
             r(
-                Method::Post,
+                Method::POST,
                 "/api/v1/volumes",
                 json!({"name": "a", "size": "1G"})
             ),
@@ -535,7 +751,7 @@ mod tests {
         );
         assert_eq!(
             r(
-                Method::Patch,
+                Method::PATCH,
                 "/api/v1/volumes/a",
                 json!({"size": 4096, "force": true})
             ),
@@ -546,21 +762,21 @@ mod tests {
             })
         );
         assert_eq!(
-            r(Method::Post, "/api/v1/drives/2/fail", json!({})),
+            r(Method::POST, "/api/v1/drives/2/fail", json!({})),
             Ok(Op::DriveFail {
                 index: 2,
                 force: false
             })
         );
         assert_eq!(
-            r(Method::Post, "/api/v1/volumes", json!({"size": 1}))
+            r(Method::POST, "/api/v1/volumes", json!({"size": 1}))
                 .unwrap_err()
                 .0,
             400
         );
         assert_eq!(
             r(
-                Method::Post,
+                Method::POST,
                 "/api/v1/volumes",
                 json!({"name": "a", "size": 1, "sise": 2})
             )
@@ -569,29 +785,29 @@ mod tests {
             400
         );
         assert_eq!(
-            r(Method::Get, "/api/v1/drives/1/fail", json!({}))
+            r(Method::GET, "/api/v1/drives/1/fail", json!({}))
                 .unwrap_err()
                 .0,
             405
         );
         assert_eq!(
-            r(Method::Delete, "/api/v1/status", json!({}))
+            r(Method::DELETE, "/api/v1/status", json!({}))
                 .unwrap_err()
                 .0,
             405
         );
         assert_eq!(
-            r(Method::Get, "/api/v2/status", json!({})).unwrap_err().0,
+            r(Method::GET, "/api/v2/status", json!({})).unwrap_err().0,
             404
         );
         assert_eq!(
-            r(Method::Post, "/api/v1/drives/x/fail", json!({}))
+            r(Method::POST, "/api/v1/drives/x/fail", json!({}))
                 .unwrap_err()
                 .0,
             404
         );
         assert_eq!(
-            r(Method::Post, "/api/v1/drives", json!({"path": "rel/x.img"}))
+            r(Method::POST, "/api/v1/drives", json!({"path": "rel/x.img"}))
                 .unwrap_err()
                 .0,
             400

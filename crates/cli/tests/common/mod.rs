@@ -48,6 +48,37 @@ pub fn flashpool(args: &[&str]) -> Output {
     out
 }
 
+/// A command that succeeded: its standard output and error together (messages and warnings
+/// go to the error stream), or the test fails naming `what`.
+pub fn ok(what: &str, out: &Output) -> String {
+    ok_stdout(what, out) + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// A command that succeeded: its standard output alone (what is parsed, such as JSON).
+pub fn ok_stdout(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A refusal: a non-zero exit and an error naming every one of `words` and none of `never`;
+/// returns the error.
+pub fn refused(what: &str, out: &Output, words: &[&str], never: &[&str]) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{what}: exit 0: {err}");
+    for w in words {
+        assert!(err.contains(w), "{what}: error lacks {w:?}: {err}");
+    }
+    for w in never {
+        assert!(!err.contains(w), "{what}: error says {w:?}: {err}");
+    }
+    err
+}
+
 /// One NBD connection to an export.
 pub struct Nbd {
     c: TcpStream,
