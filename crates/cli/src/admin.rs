@@ -369,6 +369,28 @@ fn drives_json(ctx: &AdminCtx) -> serde_json::Value {
     })
 }
 
+/// Puts member `index` back in service unless it is in service already; says which, for the
+/// CLI offline and the admin doors alike.
+pub fn readmit(pool: &Pool, index: usize) -> flashpool_engine::Result<String> {
+    if pool.drives()[index].state == "active" {
+        return Ok(format!(
+            "drive {index} is already in service: nothing to do"
+        ));
+    }
+    pool.readmit_drive(index)?;
+    Ok(format!("drive {index} back in service"))
+}
+
+/// What a completed `drive remove` of member `index` did.
+pub fn removed(index: usize, st: &flashpool_engine::RebuildStatus) -> String {
+    format!(
+        "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
+        st.total_segments,
+        st.moved_bytes >> 20,
+        st.elapsed_secs
+    )
+}
+
 fn check_drive_index(pool: &Pool, index: usize) -> Result<(), OpError> {
     let n = pool.info().drive_count;
     if index >= n {
@@ -402,7 +424,7 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
     | Op::VolumeCompression { name, .. }
     | Op::VolumeDelete { name } = &op
     {
-        crate::volume::check_name(name)?;
+        flashpool_engine::validate_volume_name(name)?;
     }
     Ok(match op {
         Op::Status => {
@@ -513,23 +535,11 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         Op::DriveRemove { index } => {
             check_drive_index(pool, index)?;
             let st = crate::datadir::remove_drive(pool, index, ctx.rebuild_reserve)?;
-            ok(format!(
-                "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
-                st.total_segments,
-                st.moved_bytes >> 20,
-                st.elapsed_secs
-            ))
+            ok(removed(index, &st))
         }
         Op::DriveReadmit { index } => {
             check_drive_index(pool, index)?;
-            if pool.drives()[index].state == "active" {
-                ok(format!(
-                    "drive {index} is already in service: nothing to do"
-                ))
-            } else {
-                pool.readmit_drive(index)?;
-                ok(format!("drive {index} back in service"))
-            }
+            ok(readmit(pool, index)?)
         }
         Op::Scrub { repair } => crate::scrub::report_json(&pool.scrub(repair, None)?),
         Op::Rebuild => {

@@ -123,21 +123,11 @@ pub fn run(a: DriveArgs) -> Result<()> {
             check_index(pool, *index)?;
             // The reserve a server keeps by default (`serve --rebuild-reserve on`).
             let st = datadir::remove_drive(pool, *index, true)?;
-            println!(
-                "drive {index} removed: {} segments ({} MiB) rebuilt onto the other drives in {:.1} s",
-                st.total_segments,
-                st.moved_bytes >> 20,
-                st.elapsed_secs
-            );
+            println!("{}", crate::admin::removed(*index, &st));
         }
         DriveCmd::Readmit { index } => {
             check_index(pool, *index)?;
-            if pool.drives()[*index].state == "active" {
-                println!("drive {index} is already in service: nothing to do");
-            } else {
-                pool.readmit_drive(*index)?;
-                println!("drive {index} back in service");
-            }
+            println!("{}", crate::admin::readmit(pool, *index)?);
         }
         DriveCmd::Rebuild => rebuild(pool)?,
     }

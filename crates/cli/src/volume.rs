@@ -52,37 +52,13 @@ pub enum VolumeCmd {
     },
 }
 
-/// Checks a volume name as the engine does (1 to 255 letters, digits, '-', '_' or '.'),
-/// before anything is opened; the error quotes at most the name's first 32 characters (the
-/// engine's own quotes the whole of it, 5000 characters if that is what was typed).
-pub fn check_name(name: &str) -> flashpool_engine::Result<()> {
-    use flashpool_engine::format::header::MAX_NAME_LEN;
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        return Ok(());
-    }
-    let shown: String = name.chars().take(32).collect();
-    let quoted = if shown.len() < name.len() {
-        format!("{:?}... ({} bytes)", shown, name.len())
-    } else {
-        format!("{name:?}")
-    };
-    Err(flashpool_engine::Error::InvalidArgument(format!(
-        "volume name {quoted}: use 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.'"
-    )))
-}
-
 /// Runs `flashpool volume`.
 pub fn run(a: VolumeArgs) -> Result<()> {
     match &a.cmd {
         VolumeCmd::Create { name, .. }
         | VolumeCmd::Compression { name, .. }
         | VolumeCmd::Delete { name }
-        | VolumeCmd::Resize { name, .. } => check_name(name)?,
+        | VolumeCmd::Resize { name, .. } => flashpool_engine::validate_volume_name(name)?,
         VolumeCmd::List { .. } => {}
     }
     let dd = if matches!(a.cmd, VolumeCmd::List { .. }) {

@@ -48,8 +48,8 @@ pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;
 pub use pool::{
-    stripe_buffer_count, DriveFailure, DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo,
-    SegmentInfo, MAX_STRIPE_BUFFERS,
+    stripe_buffer_count, validate_name as validate_volume_name, DriveFailure, DriveStatus,
+    OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS,
 };
 pub use read_queue::{ReadData, ReadDone, ReadQueue};
 pub use rebuild::RebuildStatus;

@@ -319,9 +319,10 @@ pub(crate) struct Inner {
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
-    /// `read_only` was set at open because no more than m members were in service: putting
-    /// one back (`readmit_drive`) lifts it, or the pool could never record that member's
-    /// return (its superblocks are not written while read-only).
+    /// `read_only` was set because no more than m members were in service (at open or since,
+    /// `Inner::read_only_short_of_members`): putting one back (`readmit_drive`) lifts it, or
+    /// the pool could never record that member's return (its superblocks are not written
+    /// while read-only).
     pub short_of_members: AtomicBool,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
     /// Drives presented at open that are not members, with the reason (for status).
@@ -549,6 +550,22 @@ impl Inner {
     pub(crate) fn return_buffer(&self, b: AlignedBuf) {
         self.free_bufs.lock().push(b);
         self.buf_cv.notify_one();
+    }
+
+    /// Makes the pool read-only because only `up` members, no more than m, are `where_` (present
+    /// at open, in service while running), unless it is read-only already. Putting one back
+    /// (`Pool::readmit_drive`) lifts it.
+    pub(crate) fn read_only_short_of_members(&self, up: usize, where_: &str) {
+        let mut ro = self.read_only.lock();
+        if ro.is_none() {
+            let why = format!(
+                "only {up} drives {where_}: read-only until drives return (or `flashpool drive \
+                 readmit N` puts a failed one back)"
+            );
+            tracing::warn!("{why}");
+            *ro = Some(why);
+            self.short_of_members.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Fails when an earlier write failure made the pool read-only.
@@ -1218,7 +1235,7 @@ impl Pool {
         self.sync_member_states()
     }
 
-    /// Lifts the read-only state an open set for want of members once more than m are in
+    /// Lifts the read-only state set for want of members once more than m are in
     /// service again, and ends the open as a writable one does: with a checkpoint, which
     /// records the members' states in every superblock. (Degraded stripes the open would have
     /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.)
@@ -1290,16 +1307,7 @@ impl Pool {
         i.persist_member_states()?;
         let up = i.healthy().iter().filter(|h| **h).count();
         if up <= i.geo.m as usize {
-            let mut ro = i.read_only.lock();
-            if ro.is_none() {
-                let why = format!(
-                    "only {up} drives in service: read-only until drives return (or `flashpool \
-                     drive readmit N` puts a failed one back)"
-                );
-                tracing::warn!("{why}");
-                *ro = Some(why);
-                i.short_of_members.store(true, Ordering::SeqCst);
-            }
+            i.read_only_short_of_members(up, "in service");
         }
         Ok(())
     }
@@ -1335,19 +1343,26 @@ pub(crate) fn validate_size(size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Volume names: 1 to 255 bytes of letters, digits, '-', '_', '.'.
-pub(crate) fn validate_name(name: &str) -> Result<()> {
+/// Volume names: 1 to 255 bytes of letters, digits, '-', '_', '.'. The error quotes at most
+/// the name's first 32 characters (a mistyped or hostile name may be thousands long).
+pub fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if !ok {
-        return Err(Error::invalid(format!(
-            "volume name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.'"
-        )));
+    if ok {
+        return Ok(());
     }
-    Ok(())
+    let shown: String = name.chars().take(32).collect();
+    let quoted = if shown.len() < name.len() {
+        format!("{:?}... ({} bytes)", shown, name.len())
+    } else {
+        format!("{name:?}")
+    };
+    Err(Error::invalid(format!(
+        "volume name {quoted}: use 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.'"
+    )))
 }
 
 impl Inner {

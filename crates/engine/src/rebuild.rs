@@ -4,7 +4,7 @@
 //! pool tolerates m new failures again.
 
 use crate::error::Result;
-use crate::layout::{SegState, Stream};
+use crate::layout::{SegState, SegmentTable, Stream};
 use crate::map::Entry;
 use crate::pool::{Inner, Pool};
 use std::sync::atomic::Ordering;
@@ -98,40 +98,15 @@ impl Inner {
         }
         tracing::info!(segments = victims.len(), "rebuild started");
         for (n, seg) in victims.iter().enumerate() {
-            // Moves into narrower stripes may take more room than they free, so they leave the
-            // cleaner's reserve alone; garbage elsewhere is cleaned first when room runs low.
-            let low = {
-                let w = self.writer.lock();
-                w.segs.free_count() <= w.segs.low_water() + 1
-            };
-            if low {
-                self.gc_foreground()?;
+            let s = *seg as usize;
+            let needed =
+                |t: &SegmentTable| t.states[s] == SegState::Used && t.drives_used[s] & lost != 0;
+            if !self.move_out(*seg, needed)? {
+                return Err(crate::error::Error::Unavailable(format!(
+                    "rebuild: segment {seg} still holds live data that could not be moved; lost drives stay in the pool"
+                )));
             }
-            // Whether the segment still holds what depends on a lost member, asked under the
-            // cleaner's lock and after its foreground run: that run may have emptied it, and
-            // the cleaner's stream may have taken it again once freed (relocating out of the
-            // segment a stream is appending to would move its blocks into itself).
-            {
-                let _cleaner = self.gc_lock.lock();
-                let still_needed = {
-                    let w = self.writer.lock();
-                    w.segs.states[*seg as usize] == SegState::Used
-                        && w.segs.drives_used[*seg as usize] & lost != 0
-                };
-                if still_needed
-                    && !self.clean_segment(*seg, false)?
-                    && self.live[*seg as usize].load(Ordering::Relaxed) != 0
-                {
-                    return Err(crate::error::Error::Unavailable(format!(
-                        "rebuild: segment {seg} still holds live data that could not be moved; lost drives stay in the pool"
-                    )));
-                }
-            }
-            let low = {
-                let w = self.writer.lock();
-                w.segs.free_count() <= w.segs.low_water() + 1
-            };
-            if low || (n + 1) % 8 == 0 {
+            if self.room_low() || (n + 1) % 8 == 0 {
                 self.checkpoint()?; // frees what was cleaned
             }
             let mut st = self.rebuild_status.lock();
@@ -222,6 +197,31 @@ impl Inner {
         self.wait_written(target)
     }
 
+    /// Whether free segments run low for moves that leave the cleaner's reserve alone.
+    fn room_low(&self) -> bool {
+        let w = self.writer.lock();
+        w.segs.free_count() <= w.segs.low_water() + 1
+    }
+
+    /// Moves the live data of segment `seg` into new stripes on the members in service, if
+    /// `needed` (asked of the segment table) says it still must: a rebuild's or a repair's
+    /// move. Such moves into narrower stripes may take more room than they free, so they
+    /// leave the cleaner's reserve alone; garbage elsewhere is cleaned first when room runs
+    /// low. `needed` is asked under the cleaner's lock and after that run: it may have
+    /// emptied the segment, and the cleaner's stream may have taken it again once freed
+    /// (relocating out of the segment a stream appends to would move its blocks into itself).
+    /// False when the segment was needed and still holds live data after the move.
+    fn move_out(&self, seg: u32, needed: impl Fn(&SegmentTable) -> bool) -> Result<bool> {
+        if self.room_low() {
+            self.gc_foreground()?;
+        }
+        let _cleaner = self.gc_lock.lock();
+        let needed = needed(&self.writer.lock().segs);
+        Ok(!needed
+            || self.clean_segment(seg, false)?
+            || self.live[seg as usize].load(Ordering::Relaxed) == 0)
+    }
+
     /// Moves the live data of `segments` (those still holding data) into new stripes on the
     /// members in service, then checkpoints so the emptied segments are free and no
     /// checkpoint refers to their stripes.
@@ -232,18 +232,7 @@ impl Inner {
         let _one_rebuild = self.rebuild_lock.lock();
         self.close_open_segments()?;
         for &seg in segments {
-            let low = {
-                let w = self.writer.lock();
-                w.segs.free_count() <= w.segs.low_water() + 1
-            };
-            if low {
-                self.gc_foreground()?;
-            }
-            // Asked under the cleaner's lock, after its foreground run (as in `rebuild`).
-            let _cleaner = self.gc_lock.lock();
-            if self.writer.lock().segs.states[seg as usize] == SegState::Used {
-                self.clean_segment(seg, false)?;
-            }
+            self.move_out(seg, |t| t.states[seg as usize] == SegState::Used)?;
         }
         self.checkpoint()
     }

@@ -131,13 +131,7 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
         *inner.read_only.lock() = Some("opened read-only".into());
     } else if up <= inner.geo.m as usize {
         // Every block is readable, but a stripe needs m + 1 drives: serve reads only.
-        let why = format!(
-            "only {up} drives present: read-only until drives return (or `flashpool drive \
-             readmit N` puts a failed one back)"
-        );
-        tracing::warn!("{why}");
-        *inner.read_only.lock() = Some(why);
-        inner.short_of_members.store(true, Ordering::SeqCst);
+        inner.read_only_short_of_members(up, "present");
     } else {
         // The roll-forward holds the writer lock no more: repairs append like the cleaner,
         // but leave its reserve alone (they are deferrable and may take more room than they

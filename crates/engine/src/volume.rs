@@ -342,22 +342,14 @@ impl Volume {
             } else {
                 0
             };
-            if absent > 0 {
-                let n = absent.saturating_mul(B).min(end - pos);
-                match out.last_mut() {
-                    Some(e) if e.state == BlockState::Hole => e.length += n,
-                    _ => out.push(Extent {
-                        length: n,
-                        state: BlockState::Hole,
-                    }),
-                }
-                pos += n;
-                continue;
-            }
-            let n = (B - pos % B).min(end - pos);
-            let state = match Entry::decode(self.vol.map.get(lba)) {
-                Some(Entry::Unmapped) | None => BlockState::Hole,
-                _ => BlockState::Data,
+            let (n, state) = if absent > 0 {
+                (absent.saturating_mul(B).min(end - pos), BlockState::Hole)
+            } else {
+                let state = match Entry::decode(self.vol.map.get(lba)) {
+                    Some(Entry::Unmapped) | None => BlockState::Hole,
+                    _ => BlockState::Data,
+                };
+                ((B - pos % B).min(end - pos), state)
             };
             match out.last_mut() {
                 Some(e) if e.state == state => e.length += n,
