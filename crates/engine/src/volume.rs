@@ -171,10 +171,12 @@ impl Volume {
     }
 
     /// Whether the pool takes writes now (not read-only: too few members in service, an
-    /// earlier write failure beyond parity, or opened read-only). Front-ends ask it when a
-    /// client connects, to advertise a read-only export rather than fail every write.
+    /// earlier write failure beyond parity, or opened read-only). Front-ends ask it to
+    /// advertise a read-only export rather than fail every write. A pool whose host
+    /// filesystem filled under sparse drive files is not read-only: its writes are answered
+    /// `NoSpace` (ENOSPC), which tells the client what happened.
     pub fn writable(&self) -> bool {
-        self.pool.check_failed().is_ok()
+        matches!(self.pool.check_failed(), Ok(()) | Err(Error::NoSpace))
     }
 
     /// Whether a write may wait for a drive now, whatever its size: every stripe buffer is

@@ -271,9 +271,14 @@ impl Inner {
                     ""
                 }
             );
-            self.record_failure(msg.clone());
+            // host_full before the failure: `check_failed` reads them in the other order,
+            // and must never see the failure without the reason (it would answer EIO/EPERM
+            // where the client is owed ENOSPC).
             if host_full {
                 self.host_full.store(true, Ordering::SeqCst);
+            }
+            self.record_failure(msg.clone());
+            if host_full {
                 Err(Error::NoSpace)
             } else {
                 Err(Error::Failed(msg))

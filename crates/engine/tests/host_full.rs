@@ -96,6 +96,17 @@ fn enospc_from_drives_is_not_a_drive_failure() {
         }
     }
     assert!(matches!(saw, Some(Error::NoSpace)), "{saw:?}");
+    // The pool is not read-only for it: front-ends keep the export writable (a read-only one
+    // answers EPERM, which is not what happened), and the next write says ENOSPC again.
+    assert!(
+        vol.writable(),
+        "a full host filesystem made the volume read-only"
+    );
+    let again = vol
+        .write(0, &block_for(0))
+        .and_then(|_| pool.flush())
+        .unwrap_err();
+    assert!(matches!(again, Error::NoSpace), "{again:?}");
     assert!(
         pool.drives().iter().all(|d| d.state == "active"),
         "{:?}",
