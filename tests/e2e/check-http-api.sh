@@ -48,6 +48,7 @@ echo "status: $(field 'v["protection"]["summary"]')"
 # A volume created over HTTP, served over NBD.
 expect 201 POST /volumes '{"name":"e2e","size":"64M","compression":"lz4"}'
 expect 409 POST /volumes '{"name":"e2e","size":"64M"}'
+expect 400 POST /volumes '{"name":"empty","size":0}'
 [ "$(nbdinfo --size "nbd://127.0.0.1:$PORT/e2e")" = $((64 << 20)) ] || die "nbdinfo size of e2e"
 grep -q 'export="e2e"' <<<"$(nbdinfo --list "$URI_TCP")" || die "e2e not listed"
 head -c $((16 << 20)) /dev/urandom > "$WORK/in.bin"
@@ -68,6 +69,10 @@ expect 200 POST /rebuild/pause
 expect 200 POST /drives/1/fail
 expect 200 GET /drives
 [ "$(field 'v["drives"][1]["state"]')" = failed ] || die "drive 1: $(cat "$WORK/body")"
+# A second member down is more than parity covers: refused as a conflict, nothing changed.
+expect 409 POST /drives/2/fail
+expect 200 GET /drives
+[ "$(field 'v["drives"][2]["state"]')" = active ] || die "drive 2 after a refused fail: $(cat "$WORK/body")"
 # The CLI sees the same through the admin socket (memory pools have none).
 if [ "$SERVER_KIND" != flashpool-mem ]; then
     "$FLASHPOOL" drive list --data "$DATA" | grep -E '^ *1 +failed' || die "CLI drive list"

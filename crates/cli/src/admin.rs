@@ -329,9 +329,15 @@ impl From<anyhow::Error> for OpError {
                 error,
             };
         }
+        if error.downcast_ref::<crate::datadir::Unusable>().is_some() {
+            return OpError {
+                failure: Failure::BadRequest,
+                error,
+            };
+        }
         let failure = match error.chain().find_map(|e| e.downcast_ref::<E>()) {
             Some(E::NotFound(_)) => Failure::NotFound,
-            Some(E::AlreadyExists(_)) => Failure::Conflict,
+            Some(E::AlreadyExists(_) | E::Conflict(_)) => Failure::Conflict,
             Some(E::InvalidArgument(_) | E::OutOfRange { .. }) => Failure::BadRequest,
             Some(E::NoSpace | E::Unavailable(_) | E::Failed(_)) => Failure::Unavailable,
             _ => Failure::Internal,

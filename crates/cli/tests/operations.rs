@@ -353,6 +353,11 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
         400
     );
     assert_eq!(call("POST", "/api/v1/volumes", r#"{"name":"x"}"#).0, 400);
+    assert_eq!(
+        call("POST", "/api/v1/volumes", r#"{"name":"x","size":0}"#).0,
+        400,
+        "a volume of 0 bytes (the spec's minimum is 1)"
+    );
     assert_eq!(call("POST", "/api/v1/volumes", "not json").0, 400);
     let mut c = Nbd::connect(&srv.nbd, "web").unwrap();
     assert_eq!(c.size, 8 << 20);
@@ -383,6 +388,20 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
         200
     );
     assert_eq!(
+        call(
+            "PATCH",
+            "/api/v1/volumes/web",
+            r#"{"compression":"off","force":true}"#
+        )
+        .0,
+        400,
+        "force without a size is not silently ignored"
+    );
+    assert_eq!(
+        call("PATCH", "/api/v1/volumes/web", r#"{"size":0,"force":true}"#).0,
+        400
+    );
+    assert_eq!(
         call("PATCH", "/api/v1/volumes/web", r#"{"compression":"off"}"#).0,
         200
     );
@@ -400,6 +419,10 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
     );
 
     // Delete: gone from the API and from NBD.
+    assert_eq!(
+        call("DELETE", "/api/v1/volumes/web", r#"{"force":true}"#).0,
+        400
+    );
     assert_eq!(call("DELETE", "/api/v1/volumes/web", "").0, 200);
     assert_eq!(call("DELETE", "/api/v1/volumes/web", "").0, 404);
     assert_eq!(call("GET", "/api/v1/volumes/web", "").0, 404);
@@ -416,12 +439,42 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
     let d = json(&body);
     assert_eq!(d["drives"][2]["state"], "failed", "{d}");
     assert_eq!(d["rebuild"]["needed"], true);
+    // A second member down is more than parity covers: a conflict with the pool's state (409,
+    // the member left in service), not a bad request; `force` would do it.
+    let (code, body) = call("POST", "/api/v1/drives/3/fail", "");
+    assert_eq!(code, 409, "{body}");
+    // A replacement that cannot be made where it is asked for is the request's fault (400),
+    // and changes nothing.
+    let (code, body) = call(
+        "POST",
+        "/api/v1/drives/2/replace",
+        r#"{"path":"/nonexistent-dir/new.img"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    let (_, body) = call("GET", "/api/v1/drives", "");
+    let d = json(&body);
+    assert_eq!(
+        (
+            d["drives"][2]["state"].as_str(),
+            d["drives"][3]["state"].as_str()
+        ),
+        (Some("failed"), Some("active")),
+        "{d}"
+    );
     let (_, body) = call("GET", "/api/v1/rebuild", "");
     assert_eq!(json(&body)["paused"], true);
     assert_eq!(call("POST", "/api/v1/drives/9/fail", "").0, 404);
     assert_eq!(call("POST", "/api/v1/drives/2/readmit", "").0, 200);
     let (_, body) = call("GET", "/api/v1/drives", "");
     assert_eq!(json(&body)["drives"][2]["state"], "active");
+    for path in [
+        "/api/v1/rebuild/start",
+        "/api/v1/rebuild/resume",
+        "/api/v1/cleaner/pause",
+        "/api/v1/cleaner/resume",
+    ] {
+        assert_eq!(call("POST", path, r#"{"now":true}"#).0, 400, "{path}");
+    }
     assert_eq!(call("POST", "/api/v1/rebuild/resume", "").0, 200);
     let (_, body) = call("POST", "/api/v1/rebuild/start", "");
     assert_eq!(json(&body)["ok"], "nothing to rebuild");

@@ -35,6 +35,10 @@ pub enum Error {
     /// The pool stopped accepting writes after an unrecoverable write failure.
     #[error("pool is read-only after a failure: {0}")]
     Failed(String),
+    /// The request is refused in the pool's present state: doing it would leave data
+    /// unavailable (failing a member beyond what parity covers). Valid at another time.
+    #[error("refused: {0}")]
+    Conflict(String),
 }
 
 impl Error {
@@ -48,6 +52,7 @@ impl Error {
             Error::AlreadyExists(_) => libc::EEXIST,
             Error::Corrupt(_) | Error::Unavailable(_) => libc::EIO,
             Error::Failed(_) => libc::EROFS,
+            Error::Conflict(_) => libc::EBUSY,
         }
     }
 

@@ -56,7 +56,7 @@ impl Inner {
     /// What a segment's space holds at today's stripe width (narrower while drives are out),
     /// taken once per victim choice.
     pub(crate) fn room_now(&self) -> RoomNow {
-        let up = self.healthy().iter().filter(|h| **h).count();
+        let up = self.members_up();
         let m = self.geo.m as usize;
         let w = (self.width.load(Ordering::Relaxed) as usize)
             .min(up.saturating_sub(m))

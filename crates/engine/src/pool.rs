@@ -524,6 +524,11 @@ impl Inner {
         self.drives.iter().map(|d| d.usable().is_some()).collect()
     }
 
+    /// How many members are in service (usable) now.
+    pub(crate) fn members_up(&self) -> usize {
+        self.drives.iter().filter(|d| d.usable().is_some()).count()
+    }
+
     /// Takes a free stripe buffer, waiting while `max_buffers` are in use.
     pub(crate) fn take_buffer(&self) -> AlignedBuf {
         let mut free = self.free_bufs.lock();
@@ -1024,7 +1029,7 @@ impl Pool {
             let w = i.writer.lock();
             (w.segs.free_count(), w.segs.low_water())
         };
-        let healthy = i.healthy().iter().filter(|h| **h).count();
+        let healthy = i.members_up();
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
         PoolInfo {
@@ -1241,7 +1246,7 @@ impl Pool {
     /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.)
     fn resume_writes_if_enough_members(&self) -> Result<()> {
         let i = &self.inner;
-        let up = i.healthy().iter().filter(|h| **h).count();
+        let up = i.members_up();
         if !i.short_of_members.load(Ordering::SeqCst) || up <= i.geo.m as usize {
             return Ok(());
         }
@@ -1278,7 +1283,7 @@ impl Pool {
         let down = inner.drives_down();
         let m = inner.geo.m as usize;
         if !force && slot.usable().is_some() && down + 1 > m {
-            return Err(Error::invalid(format!(
+            return Err(Error::Conflict(format!(
                 "failing member {index} would leave {} members down, parity covers {m}: data would be unavailable (force to do it anyway)",
                 down + 1
             )));
@@ -1305,7 +1310,7 @@ impl Pool {
             return Ok(());
         }
         i.persist_member_states()?;
-        let up = i.healthy().iter().filter(|h| **h).count();
+        let up = i.members_up();
         if up <= i.geo.m as usize {
             i.read_only_short_of_members(up, "in service");
         }
@@ -1335,6 +1340,11 @@ fn check_interval(bytes: u64) -> Result<()> {
 
 /// Volume sizes: up to what a block map reaches (32 TiB).
 pub(crate) fn validate_size(size: u64) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid(
+            "volume size 0: a volume holds at least one byte",
+        ));
+    }
     if size > crate::map::MAX_BLOCKS * 4096 {
         return Err(Error::invalid(format!(
             "volume size {size} exceeds the 32 TiB maximum"

@@ -125,7 +125,7 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
         inner.roll_forward(space_known)?
     };
     inner.recount_live();
-    let up = inner.healthy().iter().filter(|h| **h).count();
+    let up = inner.members_up();
     if opts.read_only {
         // Nothing is written: no repairs, no checkpoint; the pool refuses writes.
         *inner.read_only.lock() = Some("opened read-only".into());

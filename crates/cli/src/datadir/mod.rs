@@ -49,6 +49,31 @@ pub fn refuse<T>(msg: String) -> Result<T> {
     Err(Refused(msg).into())
 }
 
+/// A drive path the request named that cannot be used (not a file or block device, cannot
+/// be created there, no room for it): the request's fault, answered as a bad request (HTTP
+/// 400), not as a server failure.
+#[derive(Debug)]
+pub struct Unusable(pub String);
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unusable {}
+
+/// `prepare_drive` for a drive a request named: its errors are [`Unusable`] unless refused.
+fn prepare_named_drive(p: &Path, size: u64, force: bool) -> Result<NewDrive> {
+    prepare_drive(p, size, false, force).map_err(|e| {
+        if e.is::<Refused>() {
+            e
+        } else {
+            Unusable(format!("{e:#}")).into()
+        }
+    })
+}
+
 /// The shape of a pool created on first use.
 #[derive(Clone, Debug)]
 pub struct PoolShape {
@@ -508,10 +533,10 @@ pub fn prepare_drive(p: &Path, size: u64, sparse: bool, force: bool) -> Result<N
                 if let Some(what) =
                     signature::recognise(p).with_context(|| format!("reading {}", p.display()))?
                 {
-                    bail!(
+                    return refuse(format!(
                         "{} holds {what}: refusing to overwrite it (--force to use it anyway)",
                         p.display()
-                    );
+                    ));
                 }
             }
             if !is_dev && md.len() == 0 {
@@ -750,7 +775,7 @@ fn member_state_words(state: &str) -> &'static str {
 pub fn add_drive(dir: &Path, pool: &Pool, path: Option<&Path>, force: bool) -> Result<PathBuf> {
     let path = path.map_or_else(|| next_drive_path(dir), Path::to_owned);
     refuse_own_member(pool, &path)?;
-    let nd = prepare_drive(&path, pool.info().drive_size, false, force)?;
+    let nd = prepare_named_drive(&path, pool.info().drive_size, force)?;
     if let Err(e) = pool.add_drive_online(nd.drive.clone()) {
         remove_created(std::slice::from_ref(&nd));
         return Err(e.into());
@@ -773,7 +798,7 @@ pub fn replace_drive(
         bail!("no member {old} (the pool has {count})");
     }
     refuse_own_member(pool, path)?;
-    let nd = prepare_drive(path, pool.info().drive_size, false, force)?;
+    let nd = prepare_named_drive(path, pool.info().drive_size, force)?;
     let st = match pool.replace_drive(old, nd.drive.clone()) {
         Ok(st) => st,
         Err(e) => {

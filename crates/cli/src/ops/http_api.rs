@@ -631,6 +631,11 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
             only(args, &["size", "force", "compression"])?;
             let size = size_field(args, "size")?;
             let compression = compression_field(args, "compression")?;
+            if size.is_none() && field(args, "force").is_some() {
+                return Err(bad(
+                    "\"force\" goes with a resize (\"size\"), not alone nor with \"compression\"",
+                ));
+            }
             match (size, compression) {
                 (Some(size), None) => Op::VolumeResize {
                     name: name.to_string(),
@@ -647,9 +652,12 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 (None, None) => return Err(bad("give \"size\" or \"compression\"")),
             }
         }
-        ("DELETE", ["volumes", name]) => Op::VolumeDelete {
-            name: name.to_string(),
-        },
+        ("DELETE", ["volumes", name]) => {
+            only(args, &[])?;
+            Op::VolumeDelete {
+                name: name.to_string(),
+            }
+        }
         ("GET", ["drives"]) => Op::DriveList,
         ("POST", ["drives"]) => {
             only(args, &["path", "force"])?;
@@ -682,9 +690,14 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
             }
         }
         ("GET", ["rebuild"]) => Op::RebuildStatus,
-        ("POST", ["rebuild", "start"]) => Op::Rebuild,
-        ("POST", ["rebuild", "pause"]) => Op::RebuildPause,
-        ("POST", ["rebuild", "resume"]) => Op::RebuildResume,
+        ("POST", ["rebuild", action @ ("start" | "pause" | "resume")]) => {
+            only(args, &[])?;
+            match *action {
+                "start" => Op::Rebuild,
+                "pause" => Op::RebuildPause,
+                _ => Op::RebuildResume,
+            }
+        }
         ("GET", ["cleaner"]) => Op::CleanerStatus,
         ("POST", ["cleaner", "run"]) => {
             only(args, &["free_segments"])?;
@@ -699,8 +712,14 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 },
             }
         }
-        ("POST", ["cleaner", "pause"]) => Op::CleanerPause,
-        ("POST", ["cleaner", "resume"]) => Op::CleanerResume,
+        ("POST", ["cleaner", action @ ("pause" | "resume")]) => {
+            only(args, &[])?;
+            if *action == "pause" {
+                Op::CleanerPause
+            } else {
+                Op::CleanerResume
+            }
+        }
         ("POST", ["scrub"]) => {
             only(args, &["check_only"])?;
             Op::Scrub {
@@ -808,6 +827,43 @@ mod tests {
         );
         assert_eq!(
             r(Method::POST, "/api/v1/drives", json!({"path": "rel/x.img"}))
+                .unwrap_err()
+                .0,
+            400
+        );
+        // Routes without fields refuse fields; `force` only with a resize.
+        for p in [
+            "/api/v1/rebuild/start",
+            "/api/v1/rebuild/pause",
+            "/api/v1/rebuild/resume",
+            "/api/v1/cleaner/pause",
+            "/api/v1/cleaner/resume",
+        ] {
+            assert_eq!(
+                r(Method::POST, p, json!({"x": 1})).unwrap_err().0,
+                400,
+                "{p}"
+            );
+            assert!(r(Method::POST, p, json!({})).is_ok(), "{p}");
+        }
+        assert_eq!(
+            r(Method::DELETE, "/api/v1/volumes/a", json!({"x": 1}))
+                .unwrap_err()
+                .0,
+            400
+        );
+        assert_eq!(
+            r(
+                Method::PATCH,
+                "/api/v1/volumes/a",
+                json!({"compression": "off", "force": true})
+            )
+            .unwrap_err()
+            .0,
+            400
+        );
+        assert_eq!(
+            r(Method::PATCH, "/api/v1/volumes/a", json!({"force": true}))
                 .unwrap_err()
                 .0,
             400
