@@ -1055,7 +1055,7 @@ impl World {
             0
         };
         if self.rng.random_range(0..40) == 0 {
-            return 0;
+            return 0; // refused: the run checks that it is
         }
         (blocks * B + extra).saturating_sub(if extra > 0 { B } else { 0 })
     }
@@ -1254,6 +1254,19 @@ impl World {
             self.take_reads(usize::MAX)?;
         }
         match op {
+            // A volume of 0 bytes is refused (create and resize alike), and nothing changes.
+            Op::CreateVolume {
+                name,
+                size: 0,
+                compression,
+            } => match self.pool().create_volume_with(name, 0, *compression) {
+                Err(Error::InvalidArgument(_)) => {}
+                r => return Err(format!("create_volume of 0 bytes: {:?}", r.map(|_| ()))),
+            },
+            Op::ResizeVolume { name, size: 0 } => match self.pool().resize_volume(name, 0) {
+                Err(Error::InvalidArgument(_)) => {}
+                r => return Err(format!("resize_volume to 0 bytes: {r:?}")),
+            },
             Op::Write {
                 vol,
                 offset,

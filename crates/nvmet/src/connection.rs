@@ -1230,12 +1230,17 @@ impl<'s, 'e, 'c: 's, R: Read, W: Write + Send> Reader<'s, 'e, 'c, R, W> {
             // No data: the descriptor's type does not matter (as in Linux's target).
             _ if sgl_len == 0 && data.is_empty() => {}
             pdu::SGL_IN_CAPSULE => {
+                // In-capsule data for a command that takes none from the host (a read, an
+                // Identify): Invalid Field, as Linux's target answers (nvmet_tcp_map_data).
+                if dir != 1 {
+                    return self.complete(&cmd, Outcome::status(Status::INVALID_FIELD));
+                }
                 // ADDRESS is the data's offset in the capsule's data (Identify SGLS bit 20).
                 let offset = usize::try_from(addr).ok().filter(|&o| o <= data.len());
                 let Some(offset) = offset else {
                     return self.complete(&cmd, Outcome::status(Status::SGL_OFFSET_INVALID));
                 };
-                if dir != 1 || offset.checked_add(sgl_len as usize) != Some(data.len()) {
+                if offset.checked_add(sgl_len as usize) != Some(data.len()) {
                     return self.complete(&cmd, Outcome::status(Status::SGL_INVALID_DATA_LEN));
                 }
                 data.drain(..offset);

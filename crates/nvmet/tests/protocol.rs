@@ -1036,4 +1036,12 @@ fn in_capsule_data_at_an_offset() {
         Status::SGL_INVALID_DATA_LEN
     );
     assert_eq!(io.read(1, 9, 1), (Status::SUCCESS, d));
+    // In-capsule data on a read (data goes to the host): Invalid Field, as Linux answers.
+    let mut c = io.rw_cmd(0x02, 1, 9, 1);
+    c.set_sgl(0, BS as u32, pdu::SGL_IN_CAPSULE);
+    let cid = c.cid();
+    io.send_raw(&pdu::capsule_cmd(&c, &other, false, false));
+    let done = io.completion();
+    assert_eq!(done.cid, cid);
+    assert_eq!(Status::from_field(done.status), Status::INVALID_FIELD);
 }
