@@ -5,8 +5,10 @@
 //! entry still points at the record's location. A block overwritten while it is being moved is
 //! skipped (the relocation is a compare-and-swap on the map under the writer lock). A segment is
 //! reclaimed only when its live byte count has reached zero, so no live block is ever dropped,
-//! and it is reused only once recovery no longer needs it (see `reuse`). Each move's record
-//! names where the block came from, so a recovery applies it only if the block is still there.
+//! and it is reused only once recovery no longer needs it (see `reuse`). In a stamped log (every
+//! pool made now) a move is an ordinary write record, applied in stamp order; in an older
+//! unstamped log its record names where the block came from, and a recovery applies it only
+//! if the block is still there.
 
 use crate::error::{Error, Result};
 use crate::format::header::{ChunkLoc, Record, StripeKind};

@@ -1,9 +1,10 @@
 //! A volume's logical-to-physical block map: one 8-byte atomic entry per 4 KiB block.
 //!
-//! The map is a directory of lazily allocated leaves of 512 entries (4 KiB each), so a thin
-//! volume pays only for the 2 MiB regions it has written: 8 bytes per mapped block when a
-//! leaf is full, plus 8 bytes of directory per 2 MiB of volume size. Lookups are a shared
-//! directory lock plus one atomic load, so reads of different blocks never serialise.
+//! The map is a fixed three-level radix tree whose leaves of 512 entries (4 KiB each) and
+//! middle levels are allocated on first write, so a thin volume pays only for the 2 MiB
+//! regions it has written: 8 bytes per mapped block when a leaf is full, plus 16 bytes of
+//! middle level per 2 MiB. Lookups take no lock (two acquire loads and the entry's load), so
+//! reads of different blocks never serialise.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

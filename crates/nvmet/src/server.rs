@@ -3,13 +3,13 @@
 //! tells a TLS ClientHello (a handshake record, 0x16) from an ICReq (PDU type 0x00), and a
 //! TLS connection is served through [`crate::tls`] and [`crate::connection::serve_tls`].
 //!
-//! Thread-per-connection, with each command run inline on its connection's
-//! thread: the Linux initiator opens one connection per queue (admin plus one
-//! I/O queue per CPU), so connections are few and this is simple and correct;
-//! many commands can still be in flight per queue and R2T writes complete out
-//! of order. What comes later: a worker pool per connection (or an event loop)
-//! so a slow namespace operation does not hold up the reads and writes queued
-//! behind it on the same queue, and zero-copy sends of C2HData.
+//! A thread per connection: the Linux initiator opens one connection per queue (admin plus
+//! one I/O queue per CPU), so connections are few. Commands that complete at once run on
+//! the connection's thread; those that may wait run on up to four worker threads per queue
+//! or, for reads of file and block-device namespaces, on the connection's read queue
+//! (`queued_reads`), so a slow command does not hold up those behind it, and many commands
+//! are in flight per queue, completing out of order. Still to come: zero-copy sends of
+//! C2HData.
 //!
 //! The loop keeps a handle on each connection's socket: at shutdown, the
 //! sockets of connections that have not ended by themselves after the shutdown

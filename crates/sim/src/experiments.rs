@@ -1,4 +1,4 @@
-//! The five experiments behind `flashpool sim experiment NAME`: each builds its configs,
+//! The six experiments behind `flashpool sim experiment NAME`: each builds its configs,
 //! runs the simulations and returns rows (for the CSV and the table) and line series (for
 //! the plot). No I/O here; the CLI writes the files.
 //!
