@@ -83,6 +83,8 @@ fn main() {
     };
     if let Err(err) = result {
         eprintln!("flashpool: error: {err:#}");
-        std::process::exit(1);
+        // Argument errors found after parsing exit 2, as clap's own do.
+        let usage = err.downcast_ref::<sim::UsageError>().is_some();
+        std::process::exit(if usage { 2 } else { 1 });
     }
 }

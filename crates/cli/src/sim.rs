@@ -3,14 +3,68 @@
 //! list `presets`. All modelling lives in the `flashpool-sim` crate; this file only reads
 //! files, prints and plots.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use flashpool_sim::config::SimConfig;
+use flashpool_sim::config::{Rw, SimConfig};
 use flashpool_sim::experiments::{self, Experiment};
 use flashpool_sim::{presets, report, trace, Prepared, Report};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// An argument error found after parsing (an unknown name, flags that make the config
+/// invalid): `main` exits 2 for it, as clap does for its own.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// An argument error (exit 2).
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// `--preset`: a built-in preset's name.
+fn parse_preset(s: &str) -> Result<String, String> {
+    presets::preset(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `sim bench --rw`: a workload pattern.
+fn parse_rw(s: &str) -> Result<Rw, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| "expected read, write, randread, randwrite, randrw or rw".to_string())
+}
+
+/// `sim bench --op-ratio`: over-provisioning in (0, 0.95).
+fn parse_op_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a number".to_string())?;
+    if v > 0.0 && v < 0.95 {
+        Ok(v)
+    } else {
+        Err("must be in (0, 0.95): (physical - logical) / physical".into())
+    }
+}
+
+/// `sim experiment NAME`: a known experiment.
+fn parse_experiment(s: &str) -> Result<String, String> {
+    if s == "pool-vs-raid5" {
+        return Ok(s.to_string());
+    }
+    Experiment::from_name(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e}, pool-vs-raid5"))
+}
 
 /// Arguments of `flashpool sim`.
 #[derive(Args)]
@@ -41,20 +95,20 @@ struct DeviceArgs {
     /// Config TOML file.
     config: Option<PathBuf>,
     /// Use a built-in preset (see `flashpool sim presets`).
-    #[arg(long, conflicts_with = "config")]
+    #[arg(long, conflicts_with = "config", value_parser = parse_preset)]
     preset: Option<String>,
     /// Override workload.seed.
     #[arg(long)]
     seed: Option<u64>,
-    /// Override workload.ios.
-    #[arg(long)]
-    ios: Option<u64>,
 }
 
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
     device: DeviceArgs,
+    /// Override workload.ios.
+    #[arg(long)]
+    ios: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -126,12 +180,16 @@ struct ReplayArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Not for replay (the trace sets the I/Os); taken only to say so.
+    #[arg(long, hide = true)]
+    ios: Option<String>,
 }
 
 #[derive(Args)]
 struct ExperimentArgs {
     /// scaling, die-bandwidth, waf-vs-op, write-cliff, suspension, trace, or pool-vs-raid5
     /// (a pool, an in-place RAID5 and plain drives on the same simulated SSDs).
+    #[arg(value_parser = parse_experiment)]
     name: String,
     /// Output directory.
     #[arg(long)]
@@ -171,9 +229,17 @@ fn trace_experiment(
         for d in &a.devices {
             let cfg = if Path::new(d).is_file() {
                 let text = std::fs::read_to_string(d).with_context(|| format!("reading {d}"))?;
-                SimConfig::from_toml(&text).with_context(|| format!("in {d}"))?
-            } else {
+                let cfg = SimConfig::parse_toml(&text).with_context(|| format!("in {d}"))?;
+                cfg.validate_replay().with_context(|| format!("in {d}"))?;
+                cfg
+            } else if presets::preset_text(d).is_some() {
                 presets::preset(d)?
+            } else {
+                let names: Vec<&str> = presets::PRESETS.iter().map(|(n, _)| *n).collect();
+                return Err(usage(format!(
+                    "--device {d:?}: neither a preset ({}) nor a file",
+                    names.join(", ")
+                )));
             };
             v.push((d.clone(), cfg));
         }
@@ -185,17 +251,18 @@ fn trace_experiment(
 #[derive(Args)]
 struct BenchArgs {
     /// Preset to benchmark.
-    #[arg(long, default_value = "slc")]
+    #[arg(long, default_value = "slc", value_parser = parse_preset)]
     preset: String,
     /// Measured host I/Os.
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     ios: u64,
     /// Override ftl.op_ratio (sets the steady-state write amplification).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_op_ratio)]
     op_ratio: Option<f64>,
-    /// Override workload.rw (default: the preset's, randwrite for all presets).
-    #[arg(long)]
-    rw: Option<String>,
+    /// Override workload.rw (default: the preset's, randwrite for all presets): read, write,
+    /// randread, randwrite, randrw or rw.
+    #[arg(long, value_parser = parse_rw)]
+    rw: Option<Rw>,
 }
 
 /// Runs `flashpool sim`.
@@ -209,24 +276,38 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
 }
 
-fn load(d: &DeviceArgs) -> Result<SimConfig> {
+/// Loads the device of `d` for a generated job (`ios` overrides workload.ios) or, with
+/// `replay`, for a trace replay (only the workload keys a replay uses are checked). A config
+/// file's problems are errors (exit 1); a flag that makes a valid config invalid is an
+/// argument error (exit 2).
+fn load(d: &DeviceArgs, ios: Option<u64>, replay: bool) -> Result<SimConfig> {
+    let check = |cfg: &SimConfig| {
+        if replay {
+            cfg.validate_replay()
+        } else {
+            cfg.validate()
+        }
+    };
     let mut cfg = match (&d.config, &d.preset) {
         (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            SimConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+            let cfg =
+                SimConfig::parse_toml(&text).with_context(|| format!("in {}", path.display()))?;
+            check(&cfg).with_context(|| format!("in {}", path.display()))?;
+            cfg
         }
-        (None, Some(name)) => presets::preset(name)?,
-        (None, None) => bail!("give a CONFIG.toml or --preset NAME"),
-        (Some(_), Some(_)) => bail!("give either a CONFIG.toml or --preset, not both"),
+        (None, Some(name)) => presets::preset(name).map_err(|e| usage(e.to_string()))?,
+        (None, None) => return Err(usage("give a CONFIG.toml or --preset NAME")),
+        (Some(_), Some(_)) => return Err(usage("give either a CONFIG.toml or --preset, not both")),
     };
     if let Some(s) = d.seed {
         cfg.workload.seed = s;
     }
-    if let Some(n) = d.ios {
+    if let Some(n) = ios {
         cfg.workload.ios = n;
+        check(&cfg).map_err(|e| usage(format!("--ios {n}: {e}")))?;
     }
-    cfg.validate()?;
     Ok(cfg)
 }
 
@@ -264,14 +345,19 @@ fn print_report(r: &Report, json: bool) -> Result<()> {
 }
 
 fn cmd_run(a: RunArgs) -> Result<()> {
-    let cfg = load(&a.device)?;
+    let cfg = load(&a.device, a.ios, false)?;
     let mut p = progress_printer();
     let r = flashpool_sim::run_with_progress(&cfg, &mut p)?;
     print_report(&r, a.json)
 }
 
 fn cmd_replay(a: ReplayArgs) -> Result<()> {
-    let cfg = load(&a.device)?;
+    if let Some(n) = &a.ios {
+        return Err(usage(format!(
+            "--ios {n}: not for sim replay, which replays every request of the trace once"
+        )));
+    }
+    let cfg = load(&a.device, None, true)?;
     let t = read_trace(&a.trace, a.format)?;
     let records = trace::resolve(
         &t,
@@ -292,12 +378,11 @@ fn cmd_replay(a: ReplayArgs) -> Result<()> {
 
 fn cmd_presets(name: Option<String>) -> Result<()> {
     match name {
-        Some(n) => match presets::preset_text(&n) {
-            Some(t) => print!("{t}"),
-            None => {
-                presets::preset(&n)?;
-            }
-        },
+        Some(n) => {
+            let text = presets::preset_text(&n)
+                .ok_or_else(|| usage(parse_preset(&n).err().unwrap_or_default()))?;
+            print!("{text}");
+        }
         None => {
             for (n, _) in presets::PRESETS {
                 let c = presets::preset(n)?;
@@ -336,11 +421,19 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     if let Some(op) = a.op_ratio {
         cfg.ftl.op_ratio = op;
     }
-    if let Some(rw) = &a.rw {
-        cfg.workload.rw = serde_json::from_value(serde_json::Value::String(rw.clone()))
-            .with_context(|| format!("bad --rw {rw:?}"))?;
+    if let Some(rw) = a.rw {
+        cfg.workload.rw = rw;
     }
-    cfg.validate()?;
+    // The preset is valid: what fails now comes from the flags.
+    cfg.validate().map_err(|e| {
+        usage(format!(
+            "--preset {} with --ios {}{}: {e}",
+            a.preset,
+            a.ios,
+            a.op_ratio
+                .map_or_else(String::new, |op| format!(" --op-ratio {op}"))
+        ))
+    })?;
     let t0 = Instant::now();
     let prepared = Prepared::new(&cfg)?;
     let pre_s = t0.elapsed().as_secs_f64();
@@ -388,7 +481,7 @@ fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
     let exp = match a.name.as_str() {
         "pool-vs-raid5" => None,
         name => {
-            Some(Experiment::from_name(name).map_err(|e| anyhow::anyhow!("{e}, pool-vs-raid5"))?)
+            Some(Experiment::from_name(name).map_err(|e| usage(format!("{e}, pool-vs-raid5")))?)
         }
     };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

@@ -84,8 +84,39 @@ impl VirtualClock {
     }
 }
 
-/// The device of `--sim-drives`: a preset name or a simulator TOML file.
+/// Largest simulated drive (exported bytes): 4 TiB. Its data lives in memory, in 1 MiB pages
+/// allocated on first write behind a table of the whole size.
+pub const MAX_SIM_DRIVE_BYTES: u64 = 4 << 40;
+
+/// The device of `--sim-drives`: a preset name or a simulator TOML file. Refused when even
+/// the smallest drive [`SimDrive::scaled`] makes of it is larger than a simulated drive may be.
 pub fn load_config(what: &str) -> anyhow::Result<SimConfig> {
+    let cfg = read_config(what)?;
+    let least = SimDrive::scaled(&cfg, 0);
+    let g = &least.geometry;
+    let why = match least.check_size_limits() {
+        Err(e) => e.to_string(),
+        Ok(()) if SimDrive::exported_bytes(&least) > MAX_SIM_DRIVE_BYTES => {
+            format!("it exports {} bytes", SimDrive::exported_bytes(&least))
+        }
+        Ok(()) => return Ok(cfg),
+    };
+    anyhow::bail!(
+        "--sim-drives {what}: the smallest simulated drive of this geometry ({} channels x {} \
+         dies x {} planes x {} blocks x {} pages of {} bytes, the least blocks per plane that \
+         leave its FTL 6 spare blocks) is too large: {why}; a simulated drive exports at most \
+         {MAX_SIM_DRIVE_BYTES} bytes (4 TiB): use a smaller geometry.page_size or \
+         pages_per_block, or fewer channels, dies or planes",
+        g.channels,
+        g.dies_per_channel,
+        g.planes_per_die,
+        g.blocks_per_plane,
+        g.pages_per_block,
+        g.page_size
+    )
+}
+
+fn read_config(what: &str) -> anyhow::Result<SimConfig> {
     if let Some(text) = flashpool_sim::presets::preset_text(what) {
         return Ok(SimConfig::from_toml(text)?);
     }
@@ -127,12 +158,25 @@ struct Device {
 
 impl SimDrive {
     /// A fresh (empty) device of `cfg`'s geometry and FTL charging its NAND work to `clock`.
-    /// Its exported size is the FTL's logical capacity.
+    /// Its exported size is the FTL's logical capacity. A device past the simulator's limits
+    /// or [`MAX_SIM_DRIVE_BYTES`] is refused as a `--drive-size` too large (an argument
+    /// error): [`SimDrive::scaled`] sets the blocks per plane from the drive size.
     pub fn with_clock(
         cfg: &SimConfig,
         identity: String,
         clock: SimClock,
     ) -> anyhow::Result<SimDrive> {
+        if cfg.check_size_limits().is_err() || Self::exported_bytes(cfg) > MAX_SIM_DRIVE_BYTES {
+            let what = match &cfg.name {
+                Some(n) => format!("a simulated {n} drive"),
+                None => "a simulated drive of this config".into(),
+            };
+            return Err(crate::sim::UsageError(format!(
+                "--drive-size is too large for {what} (at most {} bytes)",
+                Self::max_bytes(cfg)
+            ))
+            .into());
+        }
         cfg.validate()?;
         let geo = Geometry::new(&cfg.geometry);
         let logical = cfg.logical_pages();
@@ -140,7 +184,7 @@ impl SimDrive {
             anyhow::bail!("simulated drive of {logical} pages: at most 2^32");
         }
         let page = cfg.geometry.page_size as u64;
-        let size = logical * page / 4096 * 4096;
+        let size = Self::exported_bytes(cfg);
         let ftl = Ftl::new(geo, &cfg.ftl, logical, cfg.workload.seed);
         Ok(SimDrive {
             data: MemDrive::new(size, identity.clone()),
@@ -202,19 +246,56 @@ impl SimDrive {
 
     /// `cfg` with as many blocks per plane as it takes to export at least `bytes` (the rest of
     /// the device as the preset has it), but never so few that its over-provisioning leaves
-    /// the FTL fewer than 6 spare blocks per plane.
+    /// the FTL fewer than 6 spare blocks per plane. A block count past u32 saturates there
+    /// (and [`SimDrive::with_clock`] refuses the device).
     pub fn scaled(cfg: &SimConfig, bytes: u64) -> SimConfig {
         let mut c = cfg.clone();
         let g = &c.geometry;
-        let per_block_row = g.channels as u64
-            * g.dies_per_channel as u64
-            * g.planes_per_die as u64
-            * g.pages_per_block as u64
-            * g.page_size as u64;
-        let physical = (bytes as f64 / (1.0 - c.ftl.op_ratio)).ceil() as u64;
+        let per_block_row = (g.channels as u128
+            * g.dies_per_channel as u128
+            * g.planes_per_die as u128
+            * g.pages_per_block as u128
+            * g.page_size as u128)
+            .max(1);
+        let physical = (bytes as f64 / (1.0 - c.ftl.op_ratio)).ceil() as u128;
         let least = (6.0 / c.ftl.op_ratio.max(1e-3)).ceil() as u32;
-        c.geometry.blocks_per_plane = (physical.div_ceil(per_block_row) as u32).max(least);
+        let blocks = u32::try_from(physical.div_ceil(per_block_row)).unwrap_or(u32::MAX);
+        c.geometry.blocks_per_plane = blocks.max(least);
         c
+    }
+
+    /// Bytes a device of `cfg` exports: its logical capacity in whole 4 KiB blocks.
+    pub fn exported_bytes(cfg: &SimConfig) -> u64 {
+        let bytes = cfg.logical_pages() as u128 * cfg.geometry.page_size as u128;
+        (bytes / 4096 * 4096).min(u64::MAX as u128) as u64
+    }
+
+    /// The most bytes a device of `cfg`'s geometry (any number of blocks per plane) can
+    /// export within the simulator's limits and [`MAX_SIM_DRIVE_BYTES`] (0 if none).
+    fn max_bytes(cfg: &SimConfig) -> u64 {
+        let with = |blocks: u32| {
+            let mut c = cfg.clone();
+            c.geometry.blocks_per_plane = blocks;
+            c
+        };
+        let fits = |c: &SimConfig| {
+            c.check_size_limits().is_ok() && Self::exported_bytes(c) <= MAX_SIM_DRIVE_BYTES
+        };
+        // Every limit grows with the blocks: the largest count that fits, by bisection.
+        let (mut lo, mut hi) = (0u32, u32::MAX);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(&with(mid)) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo == 0 {
+            0
+        } else {
+            Self::exported_bytes(&with(lo))
+        }
     }
 }
 
@@ -430,6 +511,37 @@ mod tests {
         assert!((l.read.mean_us - read_us).abs() < 0.01, "{l:?}");
         let untimed = SimDrive::with_clock(&cfg, "sim:1".into(), SimClock::Untimed).unwrap();
         assert!(untimed.latency().is_none() && untimed.completes_inline());
+    }
+
+    /// A drive size whose block count does not fit u32 saturates (it used to wrap to a tiny
+    /// drive) and is refused as an argument error naming the largest size.
+    #[test]
+    fn too_large_a_drive_is_refused_not_wrapped() {
+        let cfg = small(3_865_470_837 << 20);
+        assert_eq!(cfg.geometry.blocks_per_plane, u32::MAX);
+        let e = SimDrive::with_clock(&cfg, "sim:0".into(), SimClock::Untimed)
+            .err()
+            .expect("refused");
+        assert!(e.downcast_ref::<crate::sim::UsageError>().is_some(), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--drive-size") && msg.contains("small"),
+            "{msg}"
+        );
+        let max: u64 = msg
+            .rsplit("at most ")
+            .next()
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("names the largest size");
+        // The largest size fits the limits (checked without building an 8 GiB device); one
+        // block row more does not.
+        let fits = small(max);
+        assert!(fits.check_size_limits().is_ok(), "{max}");
+        assert!(SimDrive::exported_bytes(&fits) >= max);
+        assert!(
+            SimDrive::with_clock(&small(max + (1 << 20)), "x".into(), SimClock::Untimed).is_err()
+        );
     }
 
     /// A pool on simulated SSDs: data round-trips, and the members report their media.

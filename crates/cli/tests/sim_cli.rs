@@ -237,3 +237,234 @@ fn trace_experiment_compares_two_devices() {
         .unwrap()
         .contains("<svg"));
 }
+
+/// Runs `flashpool ARGS` to its end; returns (exit code, stderr). A panic or a signal is a
+/// test failure.
+fn refused(args: &[&str]) -> (i32, String) {
+    let out = bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    let code = out
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("{args:?} died by a signal: {:?}: {err}", out.status));
+    assert_ne!(code, 0, "{args:?} succeeded");
+    (code, err)
+}
+
+/// Argument errors exit 2 (as clap's own), with a message naming the flag or argument.
+#[test]
+fn argument_errors_exit_2() {
+    let d = tmp("argdir");
+    let d = d.to_str().unwrap();
+    for (args, words) in [
+        (&["sim", "run"][..], &["--preset"][..]),
+        (
+            &["sim", "run", "--preset", "nope"],
+            &["--preset", "unknown preset"],
+        ),
+        (&["sim", "bench", "--rw", "bogus"], &["--rw", "bogus"]),
+        (&["sim", "bench", "--op-ratio", "nan"], &["--op-ratio"]),
+        (&["sim", "bench", "--ios", "0"], &["--ios"]),
+        (&["sim", "bench", "--preset", "nope"], &["--preset"]),
+        (&["sim", "experiment", "bogus", "--out", d], &["bogus"]),
+        (
+            &["sim", "run", "--preset", "small", "--ios", "0"],
+            &["--ios"],
+        ),
+        (&["sim", "presets", "nope"], &["unknown preset"]),
+        (
+            &[
+                "sim",
+                "experiment",
+                "trace",
+                "--quick",
+                "--out",
+                d,
+                "--device",
+                "nope",
+                "--device",
+                "small",
+            ],
+            &["--device", "nope"],
+        ),
+    ] {
+        let (code, err) = refused(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        for w in words {
+            assert!(err.contains(w), "{args:?}: want {w:?} in {err}");
+        }
+    }
+    // A bad config file is not an argument error.
+    let path = tmp("bad-exit.toml");
+    std::fs::write(&path, "[ftl]\nd_choices = 0\n").unwrap();
+    let (code, err) = refused(&["sim", "run", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("ftl.d_choices"), "{err}");
+}
+
+/// `--ios` does not apply to a replay (the trace sets the I/Os), and a replay does not check
+/// workload keys it does not use.
+#[test]
+fn replay_refuses_ios_and_ignores_unused_workload_keys() {
+    let tr = tmp("ios-trace.csv");
+    std::fs::write(&tr, "0,W,0,4096\n5,R,0,4096\n").unwrap();
+    let tr = tr.to_str().unwrap();
+    for n in ["0", "1"] {
+        let (code, err) = refused(&[
+            "sim", "replay", "--preset", "small", "--trace", tr, "--ios", n,
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--ios") && err.contains("replay"), "{err}");
+    }
+    let cfg = tmp("replay-ios0.toml");
+    std::fs::write(
+        &cfg,
+        CONFIG.replace("ios = 5000", "ios = 0\nruntime_ms = 0.0"),
+    )
+    .unwrap();
+    let v = run_json(&[
+        "sim",
+        "replay",
+        cfg.to_str().unwrap(),
+        "--trace",
+        tr,
+        "--json",
+    ]);
+    assert_eq!(v["host_ios"], 2);
+}
+
+/// An MSR timestamp near u64::MAX / 100 ticks is an error naming the line, not a wrapped
+/// clock.
+#[test]
+fn replay_msr_timestamp_too_large() {
+    let tr = tmp("msr-big.csv");
+    std::fs::write(
+        &tr,
+        "0,h,0,Write,0,4096,0\n184467440737095516,h,0,Write,4096,4096,0\n",
+    )
+    .unwrap();
+    let (code, err) = refused(&[
+        "sim",
+        "replay",
+        "--preset",
+        "small",
+        "--trace",
+        tr.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("trace line 2") && err.contains("timestamp too large"),
+        "{err}"
+    );
+}
+
+/// Starts `flashpool serve` with simulated drives, which must refuse to start: returns (exit
+/// code, stderr). A server that comes up is killed and fails the test (a watchdog bounds the
+/// wait so a wrong build cannot hang the suite).
+fn serve_refused(data: &str, args: &[&str]) -> (i32, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = bin()
+        .args(["serve", "--data", data, "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for r in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    drop(tx);
+    let mut lines = Vec::new();
+    let mut came_up = false;
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(300)) {
+            Ok(line) => {
+                if line.starts_with("nbd://") && !came_up {
+                    came_up = true;
+                    let _ = child.kill();
+                }
+                lines.push(line);
+            }
+            // Both pipes closed: the process is exiting.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                came_up = true;
+                let _ = child.kill();
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    let log = lines.join("\n");
+    assert!(!came_up, "serve {args:?} started: {log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let code = status
+        .code()
+        .unwrap_or_else(|| panic!("serve {args:?} died by a signal: {status:?}: {log}"));
+    (code, log)
+}
+
+/// `--sim-drives` with a drive size no simulated device of that geometry can hold says so
+/// (it used to wrap the block count and make tiny drives).
+#[test]
+fn sim_drives_too_large_a_drive_size_is_refused() {
+    let data = tmp("serve-big");
+    let (code, err) = serve_refused(
+        data.to_str().unwrap(),
+        &[
+            "--sim-drives",
+            "small",
+            "--sim-timing",
+            "off",
+            "--drive-size",
+            "3865470837M",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--drive-size") && err.contains("too large") && err.contains("small"),
+        "{err}"
+    );
+}
+
+/// A `--sim-drives` config whose smallest device is absurdly large (4 GiB pages) is refused
+/// with a clear message, not an abort on a huge allocation.
+#[test]
+fn sim_drives_absurd_page_size_is_refused() {
+    let cfg = tmp("huge-page.toml");
+    std::fs::write(
+        &cfg,
+        "[geometry]\nchannels = 1\ndies_per_channel = 1\nplanes_per_die = 1\n\
+         blocks_per_plane = 64\npages_per_block = 65535\npage_size = 4294967295\n",
+    )
+    .unwrap();
+    let data = tmp("serve-huge-page");
+    let (code, err) = serve_refused(
+        data.to_str().unwrap(),
+        &[
+            "--sim-drives",
+            cfg.to_str().unwrap(),
+            "--sim-timing",
+            "off",
+            "--drive-size",
+            "64M",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--sim-drives") && err.contains("page"),
+        "{err}"
+    );
+}

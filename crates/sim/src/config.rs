@@ -11,6 +11,23 @@ use std::fmt;
 /// Largest supported planes per die (multi-plane operations keep fixed-size arrays).
 pub const MAX_PLANES: u32 = 8;
 
+/// Most simulator memory a config may need ([`SimConfig::memory_estimate`]): 8 GiB, about a
+/// billion pages (4 TiB of 4 KiB pages). Larger devices are refused up front instead of
+/// failing on an allocation.
+pub const MAX_MEMORY_BYTES: u64 = 8 << 30;
+
+/// Most `ftl.d_choices` (candidates sampled per GC victim).
+pub const MAX_D_CHOICES: u32 = 1024;
+
+/// Sizes must stay below this (2^63 bytes), so sums of two sizes cannot overflow.
+pub const MAX_SIZE_BYTES: u64 = 1 << 63;
+
+/// `workload.runtime_ms` must stay below this (about 11.6 simulated days).
+pub const MAX_RUNTIME_MS: f64 = 1e9;
+
+/// Most time-series points a run may ask for (`ios / sample_every`).
+pub const MAX_SAMPLES: u64 = 1_000_000;
+
 /// A configuration error: which key and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -330,11 +347,52 @@ pub enum Precondition {
 }
 
 /// A byte size: an integer, or a string such as "4k", "128KiB", "1g", "50%".
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Size {
     Bytes(u64),
     Text(SizeText),
+}
+
+/// Reads an integer or a string, passing [`parse_size`]'s reason through on a bad string (an
+/// untagged enum would only say that no variant matched).
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a size: an integer number of bytes or a string such as \"4k\", \"1.5m\" \
+                     or \"50%\"",
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
+                if v >= MAX_SIZE_BYTES {
+                    return Err(E::custom(format!(
+                        "size {v} is too large (at most 2^63 - 1)"
+                    )));
+                }
+                Ok(Size::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
+                if v < 0 {
+                    return Err(E::custom(format!("size {v} must not be negative")));
+                }
+                self.visit_u64(v as u64)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Size, E> {
+                Err(E::custom(format!(
+                    "size {v:?} is a float: give an integer number of bytes or a string such as \
+                     \"4k\" or \"1.5m\""
+                )))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
+                parse_size(v).map(Size::Text).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Parsed text form of [`Size`].
@@ -390,10 +448,18 @@ pub fn parse_size(s: &str) -> Result<SizeText, String> {
         .trim()
         .parse()
         .map_err(|_| format!("bad size {s:?} (use bytes or a suffix k, m, g, t, or a %)"))?;
-    if v.is_nan() || v < 0.0 || !v.is_finite() {
+    if v.is_nan() {
         return Err(format!("bad size {s:?}"));
     }
-    Ok(SizeText::Bytes((v * mult as f64).round() as u64))
+    if v < 0.0 {
+        return Err(format!("size {s:?} must not be negative"));
+    }
+    let bytes = (v * mult as f64).round();
+    // Also catches infinities; `as u64` would saturate them to u64::MAX.
+    if bytes >= MAX_SIZE_BYTES as f64 {
+        return Err(format!("size {s:?} is too large (at most 2^63 - 1 bytes)"));
+    }
+    Ok(SizeText::Bytes(bytes as u64))
 }
 
 impl Size {
@@ -466,10 +532,16 @@ impl Default for WorkloadConfig {
 impl SimConfig {
     /// Parses TOML text; unknown keys and bad values are errors.
     pub fn from_toml(text: &str) -> Result<SimConfig, ConfigError> {
-        let cfg: SimConfig =
-            toml::from_str(text).map_err(|e| ConfigError(format!("invalid config: {e}")))?;
+        let cfg = SimConfig::parse_toml(text)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Parses TOML text without [`SimConfig::validate`] (for a caller that validates for its
+    /// own use, such as [`SimConfig::validate_replay`]); unknown keys and values of the wrong
+    /// type are errors.
+    pub fn parse_toml(text: &str) -> Result<SimConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(format!("invalid config: {e}")))
     }
 
     /// Serializes back to TOML (for `--print-config` and experiments).
@@ -477,8 +549,85 @@ impl SimConfig {
         toml::to_string(self).unwrap_or_default()
     }
 
-    /// Checks ranges and combinations; returns the first problem found.
+    /// Checks ranges and combinations for a generated job ([`crate::run`]); returns the first
+    /// problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_device()?;
+        self.validate_workload(true)
+    }
+
+    /// Checks the device and the workload keys a trace replay uses (`iodepth`, `numjobs`,
+    /// `runtime_ms`, `sample_every`, and the address pattern when `precondition = "steady"`
+    /// overwrites with it); `ios`, `rwmixread` and the rest of the job are not used.
+    pub fn validate_replay(&self) -> Result<(), ConfigError> {
+        self.validate_device()?;
+        self.validate_workload(false)
+    }
+
+    /// Checks that the geometry fits the simulator: page ids in u32 and at most
+    /// [`MAX_MEMORY_BYTES`] of simulator state. Assumes every count is at least 1.
+    pub fn check_size_limits(&self) -> Result<(), ConfigError> {
+        let g = &self.geometry;
+        let pages = g.channels as u128
+            * g.dies_per_channel as u128
+            * g.planes_per_die as u128
+            * g.blocks_per_plane as u128
+            * g.pages_per_block as u128;
+        if pages >= u32::MAX as u128 {
+            return err(format!(
+                "geometry has {pages} pages; at most {} are supported (u32 page ids)",
+                u32::MAX - 1
+            ));
+        }
+        let mem = self.memory_estimate();
+        if mem > MAX_MEMORY_BYTES {
+            return err(format!(
+                "geometry of {pages} pages ({} channels x {} dies x {} planes x {} blocks x {} \
+                 pages) needs about {:.1} GiB of simulator memory; at most {} GiB is supported: \
+                 use fewer channels, dies, planes, blocks or pages",
+                g.channels,
+                g.dies_per_channel,
+                g.planes_per_die,
+                g.blocks_per_plane,
+                g.pages_per_block,
+                mem as f64 / (1u64 << 30) as f64,
+                MAX_MEMORY_BYTES >> 30
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of simulator state this geometry needs, estimated up front (see
+    /// docs/SIMULATOR.md, Memory): per physical page the reverse map and a valid bit, per
+    /// logical page the mapping entry, per block its tables, per plane its GC buckets and
+    /// pools, per die and channel the engine's and timing model's state. Saturates instead
+    /// of overflowing.
+    pub fn memory_estimate(&self) -> u64 {
+        let g = &self.geometry;
+        let channels = g.channels as u128;
+        let dies = channels * g.dies_per_channel as u128;
+        let planes = dies * g.planes_per_die as u128;
+        let blocks = planes * g.blocks_per_plane as u128;
+        let pages = blocks * g.pages_per_block as u128;
+        let op = if self.ftl.op_ratio.is_finite() {
+            self.ftl.op_ratio.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let logical = (pages as f64 * (1.0 - op)) as u128;
+        let per_die = std::mem::size_of::<crate::die::Die>() as u128 + 96;
+        let total = pages * 4
+            + pages.div_ceil(64) * 8
+            + logical * 4
+            + blocks * 41
+            + planes * (4 * (g.pages_per_block as u128 + 1) + 160)
+            + dies * per_die
+            + channels * 32;
+        total.min(u64::MAX as u128) as u64
+    }
+
+    /// Checks geometry, timing and FTL settings.
+    pub fn validate_device(&self) -> Result<(), ConfigError> {
         let g = &self.geometry;
         for (name, v) in [
             ("geometry.channels", g.channels),
@@ -500,17 +649,7 @@ impl SimConfig {
         if g.pages_per_block > 65_535 {
             return err("geometry.pages_per_block must be at most 65535");
         }
-        let pages = g.channels as u128
-            * g.dies_per_channel as u128
-            * g.planes_per_die as u128
-            * g.blocks_per_plane as u128
-            * g.pages_per_block as u128;
-        if pages >= u32::MAX as u128 {
-            return err(format!(
-                "geometry has {pages} pages; at most {} are supported (u32 page ids)",
-                u32::MAX - 1
-            ));
-        }
+        self.check_size_limits()?;
         let t = &self.timing;
         for (name, v) in [
             ("timing.read_us", t.read_us),
@@ -558,6 +697,12 @@ impl SimConfig {
         if f.d_choices == 0 {
             return err("ftl.d_choices must be at least 1");
         }
+        if f.d_choices > MAX_D_CHOICES {
+            return err(format!(
+                "ftl.d_choices = {} must be at most {MAX_D_CHOICES} (blocks sampled per GC victim)",
+                f.d_choices
+            ));
+        }
         if f.max_suspends_per_op > 255 {
             return err("ftl.max_suspends_per_op must be at most 255");
         }
@@ -585,8 +730,15 @@ impl SimConfig {
                     / g.blocks_per_plane as f64
             ));
         }
+        Ok(())
+    }
+
+    /// Checks the workload of a generated job (`job`) or of a replay (see
+    /// [`SimConfig::validate_replay`]). Assumes a valid device.
+    fn validate_workload(&self, job: bool) -> Result<(), ConfigError> {
+        let g = &self.geometry;
         let w = &self.workload;
-        if w.rwmixread > 100 {
+        if job && w.rwmixread > 100 {
             return err("workload.rwmixread must be 0..=100");
         }
         if w.iodepth == 0 || w.numjobs == 0 {
@@ -595,15 +747,44 @@ impl SimConfig {
         if w.iodepth as u64 * w.numjobs as u64 > 1 << 20 {
             return err("workload.iodepth * numjobs must be at most 1048576");
         }
-        let bs = w.bs.bytes(0);
-        if bs == 0 {
-            return err("workload.bs must be at least 1 byte");
+        if !(w.runtime_ms.is_finite() && (0.0..MAX_RUNTIME_MS).contains(&w.runtime_ms)) {
+            return err(format!(
+                "workload.runtime_ms = {} must be a finite number of ms in [0, {MAX_RUNTIME_MS:e}) \
+                 (0 = no time limit)",
+                w.runtime_ms
+            ));
         }
-        if w.ios == 0 && w.runtime_ms <= 0.0 {
+        if w.runtime_ms > 0.0 && w.runtime_ms * 1e6 < 1.0 {
+            return err(format!(
+                "workload.runtime_ms = {} is below 1 ns, the simulator's time step: use 0 for no \
+                 time limit, or at least 0.000001",
+                w.runtime_ms
+            ));
+        }
+        if job && w.ios == 0 && w.runtime_ms <= 0.0 {
             return err("workload.ios or workload.runtime_ms must be positive");
         }
-        if w.runtime_ms.is_nan() || w.runtime_ms < 0.0 {
-            return err("workload.runtime_ms must be non-negative");
+        if job && w.ios > 0 && w.sample_every > 0 && w.ios / w.sample_every > MAX_SAMPLES {
+            return err(format!(
+                "workload.sample_every = {} with ios = {} asks for more than {MAX_SAMPLES} \
+                 time-series points: raise sample_every",
+                w.sample_every, w.ios
+            ));
+        }
+        // A replay uses the address pattern only to overwrite in a steady preconditioning.
+        if !job && w.precondition != Precondition::Steady {
+            return Ok(());
+        }
+        let bs = match w.bs {
+            Size::Text(SizeText::Fraction(_)) => {
+                return err(
+                    "workload.bs cannot be a percentage: give bytes, such as 4096 or \"4k\"",
+                )
+            }
+            s => s.bytes(0),
+        };
+        if bs == 0 {
+            return err("workload.bs must be at least 1 byte");
         }
         if w.distribution == Distribution::Zipf && !(w.zipf_theta > 0.0 && w.zipf_theta < 100.0) {
             return err("workload.zipf_theta must be in (0, 100)");
@@ -616,7 +797,14 @@ impl SimConfig {
         {
             return err("workload.hot_fraction must be in (0, 1) and hot_access in [0, 1]");
         }
-        let logical_bytes = self.logical_pages() * g.page_size as u64;
+        let page = g.page_size as u64;
+        // Below 2^64: fewer than 2^32 pages of fewer than 2^32 bytes.
+        let logical_bytes = self.logical_pages().saturating_mul(page);
+        if bs > logical_bytes {
+            return err(format!(
+                "workload.bs = {bs} is larger than the logical capacity {logical_bytes} bytes"
+            ));
+        }
         let offset = w.offset.bytes(logical_bytes);
         let span = self.span_bytes();
         if offset >= logical_bytes {
@@ -627,27 +815,33 @@ impl SimConfig {
         if span == 0 {
             return err("workload.span must be positive");
         }
-        if offset + span > logical_bytes {
-            return err(format!(
-                "workload.offset + span = {} exceeds the logical capacity {logical_bytes} bytes",
-                offset + span
-            ));
+        match offset.checked_add(span) {
+            Some(end) if end <= logical_bytes => {}
+            end => {
+                let end = end.map_or_else(|| format!("{offset} + {span}"), |e| e.to_string());
+                return err(format!(
+                    "workload.offset + span = {end} exceeds the logical capacity \
+                     {logical_bytes} bytes"
+                ));
+            }
         }
-        let page = g.page_size as u64;
+        // bs <= logical_bytes, a whole number of pages: no overflow.
         if span < bs.div_ceil(page) * page {
             return err("workload.span is smaller than one block of size bs");
         }
         Ok(())
     }
 
-    /// Physical pages of the whole device.
+    /// Physical pages of the whole device (saturating at u64::MAX for a geometry that
+    /// validation refuses).
     pub fn physical_pages(&self) -> u64 {
         let g = &self.geometry;
-        g.channels as u64
-            * g.dies_per_channel as u64
-            * g.planes_per_die as u64
-            * g.blocks_per_plane as u64
-            * g.pages_per_block as u64
+        let pages = g.channels as u128
+            * g.dies_per_channel as u128
+            * g.planes_per_die as u128
+            * g.blocks_per_plane as u128
+            * g.pages_per_block as u128;
+        pages.min(u64::MAX as u128) as u64
     }
 
     /// Logical pages exported to the host: physical * (1 - op_ratio), rounded down.
@@ -657,7 +851,9 @@ impl SimConfig {
 
     /// Bytes touched by the workload (`span`, default: from `offset` to the end).
     pub fn span_bytes(&self) -> u64 {
-        let logical_bytes = self.logical_pages() * self.geometry.page_size as u64;
+        let logical_bytes = self
+            .logical_pages()
+            .saturating_mul(self.geometry.page_size as u64);
         let offset = self.workload.offset.bytes(logical_bytes);
         match self.workload.span {
             Some(s) => s.bytes(logical_bytes),
@@ -699,6 +895,110 @@ mod tests {
             "[workload]\nbs = \"4q\"",
         ] {
             assert!(SimConfig::from_toml(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The error of `text`, which must not parse or validate.
+    fn config_error(text: &str) -> String {
+        match SimConfig::from_toml(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Sizes that do not fit (a float string saturating to u64::MAX, a block size larger
+    /// than the device) are errors naming the key, never a panic or a wrapped sum.
+    #[test]
+    fn absurd_sizes_are_errors_not_panics() {
+        let e = parse_size("1e30").unwrap_err();
+        assert!(e.contains("too large"), "{e}");
+        assert!(parse_size("16777216t").is_err());
+        let e = config_error("[workload]\nbs = \"1e30\"\n");
+        assert!(e.contains("too large"), "{e}");
+        // Larger than the whole logical capacity (default geometry: 16 GiB raw).
+        let e = config_error("[workload]\nbs = \"1t\"\n");
+        assert!(
+            e.contains("workload.bs") && e.contains("logical capacity"),
+            "{e}"
+        );
+        let e = config_error("[workload]\nbs = 9223372036854775807\n");
+        assert!(e.contains("workload.bs"), "{e}");
+    }
+
+    /// `offset + span` past the end is an error, whatever the sizes (no wrapping sum).
+    #[test]
+    fn span_past_the_end_is_an_error() {
+        let e = config_error("[workload]\noffset = 4096\nspan = \"1e30\"\n");
+        assert!(e.contains("span"), "{e}");
+        let e = config_error("[workload]\noffset = 4096\nspan = 9223372036854775807\n");
+        assert!(e.contains("workload.offset + span"), "{e}");
+    }
+
+    /// A run limited by time only must end: `runtime_ms` is finite, bounded and at least
+    /// 1 ns.
+    #[test]
+    fn runtime_must_be_finite_bounded_and_at_least_a_nanosecond() {
+        for v in ["inf", "1e300", "nan", "-1.0", "0.0000001"] {
+            let e = config_error(&format!("[workload]\nios = 0\nruntime_ms = {v}\n"));
+            assert!(e.contains("workload.runtime_ms"), "{v}: {e}");
+        }
+        // Also with an I/O count (the time limit still feeds the engine's clock).
+        let e = config_error("[workload]\nruntime_ms = inf\n");
+        assert!(e.contains("workload.runtime_ms"), "{e}");
+        SimConfig::from_toml("[workload]\nios = 0\nruntime_ms = 0.000001\n").unwrap();
+    }
+
+    /// d-choices samples `d_choices` blocks per victim: a huge value would never finish.
+    #[test]
+    fn d_choices_is_capped() {
+        let e = config_error("[ftl]\ngc_policy = \"d-choices\"\nd_choices = 4294967295\n");
+        assert!(e.contains("ftl.d_choices") && e.contains("1024"), "{e}");
+        SimConfig::from_toml("[ftl]\ngc_policy = \"d-choices\"\nd_choices = 1024\n").unwrap();
+    }
+
+    /// `ios / sample_every` time-series points are kept in memory: bounded.
+    #[test]
+    fn time_series_points_are_capped() {
+        let e = config_error("[workload]\nios = 100000000\nsample_every = 1\n");
+        assert!(e.contains("workload.sample_every"), "{e}");
+        SimConfig::from_toml("[workload]\nios = 1000000\nsample_every = 1\n").unwrap();
+    }
+
+    /// A geometry whose simulator state would take tens of GiB is refused up front.
+    #[test]
+    fn huge_geometry_memory_is_an_error() {
+        let e = config_error(
+            "[geometry]\nchannels = 16\ndies_per_channel = 16\nplanes_per_die = 4\n\
+             blocks_per_plane = 4096\npages_per_block = 512\n",
+        );
+        assert!(e.contains("memory") && e.contains("GiB"), "{e}");
+        // Many channels of tiny dies: the per-die and per-channel state counts too.
+        let e = config_error(
+            "[geometry]\nchannels = 200000000\ndies_per_channel = 1\nplanes_per_die = 1\n\
+             blocks_per_plane = 20\npages_per_block = 1\n[ftl]\nop_ratio = 0.5\n",
+        );
+        assert!(e.contains("memory"), "{e}");
+    }
+
+    /// A bad size keeps its reason (not serde's "did not match any variant").
+    #[test]
+    fn size_errors_keep_their_reason() {
+        for (text, want) in [
+            ("bs = \"4q\"", "bad size"),
+            ("span = \"0%\"", "(0, 100]"),
+            ("offset = \"200%\"", "(0, 100]"),
+            ("bs = -1", "negative"),
+            ("bs = 4096.0", "integer"),
+            ("bs = \"50%\"", "percentage"),
+            ("bs = true", "integer"),
+        ] {
+            let e = config_error(&format!("[workload]\n{text}\n"));
+            assert!(!e.contains("untagged"), "{text}: {e}");
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(
+                e.contains("bs") || e.contains("span") || e.contains("offset"),
+                "{e}"
+            );
         }
     }
 }

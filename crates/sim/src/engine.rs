@@ -170,7 +170,8 @@ impl Engine {
             numjobs: w.numjobs,
             iodepth: w.iodepth,
             ios_limit,
-            runtime_ns: (w.runtime_ms * 1e6) as u64,
+            // Rounded up: a positive limit never becomes 0 (= no limit).
+            runtime_ns: (w.runtime_ms * 1e6).ceil() as u64,
             issued: 0,
             completed: 0,
             outstanding: 0,

@@ -42,7 +42,7 @@ pub fn run_with_progress(cfg: &SimConfig, progress: Progress<'_>) -> Result<Repo
 }
 
 /// Replays resolved trace records (see [`crate::trace`]) on the configured device; the
-/// workload section only supplies `seed` and `precondition`.
+/// workload section only supplies what [`SimConfig::validate_replay`] checks.
 pub fn run_trace(
     cfg: &SimConfig,
     records: Vec<TraceRecord>,
@@ -64,7 +64,7 @@ pub fn run_replay(
     replay: Replay,
     progress: Progress<'_>,
 ) -> Result<Report, SimError> {
-    cfg.validate()?;
+    cfg.validate_replay()?;
     if replay.records.is_empty() {
         return Err(SimError::Trace("the trace has no requests".into()));
     }

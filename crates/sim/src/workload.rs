@@ -48,7 +48,10 @@ impl AddressGen {
         let page = cfg.geometry.page_size as u64;
         let logical_bytes = cfg.logical_pages() * page;
         let start = cfg.workload.offset.bytes(logical_bytes) / page;
-        let pages_per_io = cfg.workload.bs.bytes(0).div_ceil(page).max(1) as u32;
+        // Validation keeps bs within the logical capacity (fewer than 2^32 pages).
+        let pages_per_io = u32::try_from(cfg.workload.bs.bytes(0).div_ceil(page))
+            .unwrap_or(u32::MAX)
+            .max(1);
         let span_pages = cfg.span_bytes() / page;
         let slots = (span_pages / pages_per_io as u64).max(1);
         let w = &cfg.workload;

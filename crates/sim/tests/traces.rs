@@ -118,3 +118,42 @@ fn blkparse_fixture_uses_queue_events() {
     assert_eq!(r.host_ios, 150);
     assert!(r.trim_ios > 0);
 }
+
+/// A replay uses the device and only the workload keys that shape a replay: a config whose
+/// `ios` is 0 with no time limit (meaningless for a generated job) replays a trace.
+#[test]
+fn replay_ignores_workload_keys_it_does_not_use() {
+    let mut c = device();
+    c.workload.ios = 0;
+    c.workload.runtime_ms = 0.0;
+    c.workload.precondition = flashpool_sim::config::Precondition::Fill;
+    assert!(
+        c.validate().is_err(),
+        "a generated job needs ios or runtime_ms"
+    );
+    let t = TraceFormat::Csv.parse("0,W,0,4096\n5,R,0,4096\n").unwrap();
+    let recs = trace::resolve(&t, 4096, c.logical_pages(), RangeMode::Error).unwrap();
+    let r = run_replay(
+        &c,
+        Replay {
+            records: recs,
+            timed: true,
+        },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(r.host_ios, 2);
+    // The device itself is still checked.
+    c.ftl.op_ratio = 2.0;
+    let recs = trace::resolve(&t, 4096, 100, RangeMode::Error).unwrap();
+    let e = run_replay(
+        &c,
+        Replay {
+            records: recs,
+            timed: true,
+        },
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("ftl.op_ratio"), "{e}");
+}

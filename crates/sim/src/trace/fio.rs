@@ -5,14 +5,15 @@
 //! depth). Version 3 (`fio version 3 iolog`): `timestamp filename action [offset length]`,
 //! the timestamp in microseconds from the start of the run, replayed open loop. Actions
 //! `read`, `write`, `trim` are replayed; `add`, `open`, `close`, `sync`, `datasync` and
-//! `wait` are accepted and skipped. Several files in one log share the device's space.
+//! `wait` are accepted and skipped, as are zero-length requests. Several files in one log
+//! share the device's space.
 
-use super::{line_error, parse_time, RawRequest, Trace};
+use super::{line_error, parse_time, skipped_note, strip_bom, RawRequest, Trace};
 use crate::workload::IoOp;
 
 /// Parses a fio iolog (v2 or v3).
 pub fn parse_fio(text: &str) -> Result<Trace, String> {
-    let mut lines = text.lines().enumerate();
+    let mut lines = strip_bom(text).lines().enumerate();
     let version = loop {
         match lines.next() {
             None => return Err("empty fio iolog".into()),
@@ -31,6 +32,7 @@ pub fn parse_fio(text: &str) -> Result<Trace, String> {
         }
     };
     let mut out = Vec::new();
+    let mut empty = 0u64;
     for (i, line) in lines {
         let line = line.trim();
         if line.is_empty() {
@@ -39,7 +41,7 @@ pub fn parse_fio(text: &str) -> Result<Trace, String> {
         let bad = |what: &str| line_error(i + 1, what, line);
         let f: Vec<&str> = line.split_whitespace().collect();
         let (time_ns, rest) = if version == 3 {
-            let t = parse_time(f[0], 1e3).ok_or_else(|| bad("bad timestamp (us)"))?;
+            let t = parse_time(f[0], 1e3).map_err(|e| bad(&format!("{e} (us)")))?;
             (t, &f[1..])
         } else {
             (0, &f[..])
@@ -59,6 +61,10 @@ pub fn parse_fio(text: &str) -> Result<Trace, String> {
         }
         let offset: u64 = rest[2].parse().map_err(|_| bad("bad offset"))?;
         let length: u64 = rest[3].parse().map_err(|_| bad("bad length"))?;
+        if length == 0 {
+            empty += 1;
+            continue;
+        }
         out.push(RawRequest {
             time_ns,
             op,
@@ -68,7 +74,10 @@ pub fn parse_fio(text: &str) -> Result<Trace, String> {
         });
     }
     if out.is_empty() {
-        return Err("the fio iolog has no read, write or trim".into());
+        return Err(format!(
+            "the fio iolog has no read, write or trim{}",
+            skipped_note(empty)
+        ));
     }
     Ok(Trace {
         requests: out,

@@ -92,11 +92,24 @@ impl TraceFormat {
     }
 }
 
+/// Latest request time a trace may give, in ns from its own origin (about 570 years: MSR
+/// Cambridge times count from 1601).
+pub const MAX_TIME_NS: u64 = 18_000_000_000_000_000_000;
+
+/// Longest time between a trace's first request and any other, in ns (2^62, about 146
+/// years), so the simulated clock has room to finish the requests without overflowing.
+pub const MAX_SPAN_NS: u64 = 1 << 62;
+
+/// `text` without a leading UTF-8 byte order mark (some tools write one).
+pub(crate) fn strip_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
+}
+
 /// Guesses the format from the first meaningful line: a `fio version` header, a blkparse
 /// event (`MAJ,MIN CPU SEQ TIME PID ACTION ...`), an MSR record (7 comma-separated fields,
 /// the fourth `Read` or `Write`), else our CSV.
 pub fn detect(text: &str) -> TraceFormat {
-    for line in text.lines().map(str::trim) {
+    for line in strip_bom(text).lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
@@ -140,7 +153,8 @@ impl RangeMode {
 }
 
 /// Resolves byte requests to pages and makes times relative to the first request, sorted
-/// (stable). Requests past the end of `logical_pages` follow `mode`.
+/// (stable). Requests past the end of `logical_pages` follow `mode`; a request more than
+/// [`MAX_SPAN_NS`] after the first is an error.
 pub fn resolve(
     trace: &Trace,
     page_size: u32,
@@ -161,6 +175,16 @@ pub fn resolve(
         .unwrap_or(0);
     let mut out = Vec::with_capacity(reqs.len());
     for r in reqs {
+        let time_ns = r.time_ns - t0;
+        if time_ns > MAX_SPAN_NS {
+            return Err(format!(
+                "trace line {}: timestamp is {:.0} s after the first request; at most {:.0} s \
+                 (about 146 years) fit the simulated clock",
+                r.line,
+                time_ns as f64 / 1e9,
+                MAX_SPAN_NS as f64 / 1e9
+            ));
+        }
         let len = r.length.max(1);
         let end = r.offset.saturating_add(len);
         let offset = match mode {
@@ -186,7 +210,7 @@ pub fn resolve(
         let last = offset.saturating_add(len).div_ceil(page);
         let pages = (last - first).clamp(1, logical_pages - first);
         out.push(TraceRecord {
-            time_ns: r.time_ns - t0,
+            time_ns,
             op: r.op,
             lpa: first as u32,
             pages: pages.min(u32::MAX as u64) as u32,
@@ -196,29 +220,34 @@ pub fn resolve(
     Ok(out)
 }
 
-/// The line loop the comma-separated formats share: blank and `#` lines skipped, a first
-/// line whose first field `is_header` says is not data skipped as a header, every other
-/// line's trimmed fields handed to `row` with a maker of line-numbered errors; fails when
-/// no request remains.
+/// The line loop the comma-separated formats share: a byte order mark, blank and `#` lines
+/// skipped, a first line that `is_header` says is a header (given its trimmed fields)
+/// skipped, every other line's trimmed fields handed to `row` with a maker of line-numbered
+/// errors; zero-length requests are skipped (as every format does). Fails when no request
+/// remains.
 pub(crate) fn parse_comma_lines(
     text: &str,
-    is_header: impl Fn(&str) -> bool,
+    is_header: impl Fn(&[&str]) -> bool,
     mut row: impl FnMut(&[&str], &dyn Fn(&str) -> String) -> Result<(u64, IoOp, u64, u64), String>,
 ) -> Result<Vec<RawRequest>, String> {
     let mut out = Vec::new();
-    let mut header_seen = false;
-    for (i, line) in text.lines().enumerate() {
+    let mut first = true;
+    let mut empty = 0u64;
+    for (i, line) in strip_bom(text).lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if out.is_empty() && !header_seen && is_header(f[0]) {
-            header_seen = true;
+        if std::mem::take(&mut first) && is_header(&f) {
             continue;
         }
         let bad = |what: &str| line_error(i + 1, what, line);
         let (time_ns, op, offset, length) = row(&f, &bad)?;
+        if length == 0 {
+            empty += 1;
+            continue;
+        }
         out.push(RawRequest {
             time_ns,
             op,
@@ -228,9 +257,29 @@ pub(crate) fn parse_comma_lines(
         });
     }
     if out.is_empty() {
-        return Err("the trace has no requests".into());
+        return Err(format!("the trace has no requests{}", skipped_note(empty)));
     }
     Ok(out)
+}
+
+/// Whether the first line's `fields` look like a header: none is a number and the op field
+/// at `op_at` is not an op `is_op` knows (so a corrupted first record is an error, not a
+/// silently skipped "header").
+pub(crate) fn looks_like_header(
+    fields: &[&str],
+    op_at: usize,
+    is_op: impl Fn(&str) -> bool,
+) -> bool {
+    fields.iter().all(|f| f.parse::<f64>().is_err()) && !fields.get(op_at).is_some_and(|f| is_op(f))
+}
+
+/// " (N zero-length requests skipped)" when N > 0.
+pub(crate) fn skipped_note(empty: u64) -> String {
+    if empty == 0 {
+        String::new()
+    } else {
+        format!(" ({empty} zero-length requests skipped)")
+    }
 }
 
 /// The error for line `line` (1-based) of a trace.
@@ -239,15 +288,18 @@ pub(crate) fn line_error(line: usize, what: &str, text: &str) -> String {
     format!("trace line {line}: {what}: {shown:?}")
 }
 
-/// Parses a non-negative decimal number of `unit`s into ns (`scale` = ns per unit),
-/// rejecting NaN, infinities and values past u64.
-pub(crate) fn parse_time(s: &str, ns_per_unit: f64) -> Option<u64> {
-    let t: f64 = s.trim().parse().ok()?;
+/// Parses a non-negative decimal number of `unit`s into ns (`ns_per_unit` = ns per unit):
+/// "bad timestamp" for what is not a number (NaN, negative), "timestamp too large" past
+/// [`MAX_TIME_NS`] (infinities too).
+pub(crate) fn parse_time(s: &str, ns_per_unit: f64) -> Result<u64, &'static str> {
+    let t: f64 = s.trim().parse().map_err(|_| "bad timestamp")?;
     let ns = t * ns_per_unit;
-    if ns.is_finite() && (0.0..1.8e19).contains(&ns) {
-        Some(ns.round() as u64)
+    if ns.is_nan() || ns < 0.0 {
+        Err("bad timestamp")
+    } else if ns > MAX_TIME_NS as f64 {
+        Err("timestamp too large")
     } else {
-        None
+        Ok(ns.round() as u64)
     }
 }
 

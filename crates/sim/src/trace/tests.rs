@@ -294,3 +294,96 @@ fn parsers_never_panic_and_name_the_line() {
         }
     }
 }
+
+/// MSR timestamps get the cap of the other formats' times: a tick count near u64::MAX / 100
+/// would otherwise wrap the simulated clock.
+#[test]
+fn msr_timestamps_share_the_time_cap() {
+    let t = "0,h,0,Write,0,4096,0\n184467440737095516,h,0,Write,4096,4096,0\n";
+    let e = parse_msr(t).unwrap_err();
+    assert!(
+        e.contains("line 2") && e.contains("timestamp too large"),
+        "{e}"
+    );
+    // Real MSR times (FILETIME ticks since 1601) still parse.
+    assert!(parse_msr("128166372003061629,hm,1,Read,0,4096,1\n").is_ok());
+    // The backstop: times whose spread the engine's clock cannot hold are refused by resolve.
+    let raw = |time_ns| RawRequest {
+        time_ns,
+        op: IoOp::Write,
+        offset: 0,
+        length: 4096,
+        line: 1,
+    };
+    let tr = Trace {
+        requests: vec![raw(0), raw(17_000_000_000_000_000_000)],
+        timed: true,
+    };
+    let e = resolve(&tr, 4096, 100, RangeMode::Error).unwrap_err();
+    assert!(e.contains("trace line 1") && e.contains("timestamp"), "{e}");
+}
+
+/// A first line is skipped as a header only when it looks like one: a corrupted first
+/// record is an error naming line 1, and a UTF-8 byte order mark is not part of the data.
+#[test]
+fn only_a_real_header_is_skipped() {
+    let e = parse_csv("12us,W,0,4096\n20,W,4096,4096\n").unwrap_err();
+    assert!(
+        e.starts_with("trace line 1") && e.contains("timestamp"),
+        "{e}"
+    );
+    let e = parse_msr("1.5,h,0,Write,0,4096,0\n2,h,0,Write,0,4096,0\n").unwrap_err();
+    assert!(
+        e.starts_with("trace line 1") && e.contains("timestamp"),
+        "{e}"
+    );
+    let bom = "\u{feff}0,W,0,4096\n5,R,0,4096\n";
+    assert_eq!(parse_csv(bom).unwrap().len(), 2);
+    assert_eq!(detect(bom), TraceFormat::Csv);
+    let bom_hdr = "\u{feff}timestamp_us,op,offset,length\n0,W,0,4096\n";
+    assert_eq!(parse_csv(bom_hdr).unwrap().len(), 1);
+    let msr = "\u{feff}128166372003061629,hm,1,Read,0,4096,1\n";
+    assert_eq!(detect(msr), TraceFormat::Msr);
+    assert_eq!(parse_msr(msr).unwrap().len(), 1);
+    assert_eq!(
+        parse_fio("\u{feff}fio version 2 iolog\n/dev/sda write 0 4096\n")
+            .unwrap()
+            .requests
+            .len(),
+        1
+    );
+    // Real headers are still skipped.
+    let msr_hdr = "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n\
+                   128166372003061629,hm,1,Read,0,4096,1\n";
+    assert_eq!(parse_msr(msr_hdr).unwrap().len(), 1);
+    assert_eq!(
+        parse_csv("time,type,offset,size\n0,W,0,4096\n")
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// Zero-length requests are skipped by every parser (blkparse always did), so the same
+/// requests replay the same way whatever the format.
+#[test]
+fn zero_length_requests_are_skipped_by_every_parser() {
+    let csv = parse_csv("0,W,0,0\n1,W,0,4096\n").unwrap();
+    assert_eq!(csv.len(), 1);
+    assert_eq!(csv[0].line, 2);
+    let msr =
+        parse_msr("128166372003061629,hm,1,Write,0,0,1\n128166372003061630,hm,1,Write,0,4096,1\n")
+            .unwrap();
+    assert_eq!(msr.len(), 1);
+    let fio =
+        parse_fio("fio version 3 iolog\n0 /dev/sda write 0 0\n5 /dev/sda write 0 4096\n").unwrap();
+    assert_eq!(fio.requests.len(), 1);
+    let blk = parse_blkparse("8,0 0 1 0.0 1 Q W 0 + 0 [a]\n8,0 0 2 0.1 1 Q W 0 + 8 [a]\n").unwrap();
+    assert_eq!(blk.len(), 1);
+    // A trace of nothing but zero-length requests has no requests.
+    let e = parse_csv("0,W,0,0\n").unwrap_err();
+    assert!(
+        e.contains("no requests") && e.contains("zero-length"),
+        "{e}"
+    );
+}
