@@ -18,17 +18,17 @@ pub struct BenchArgs {
     /// Protection schemes to run, as K+M.
     #[arg(long, default_values = ["4+1", "8+2"], value_parser = crate::size::parse_ec)]
     pub ec: Vec<(usize, usize)>,
-    /// Thread counts to run.
-    #[arg(long, default_values_t = [1usize, 2])]
+    /// Thread counts to run (1 to 1024).
+    #[arg(long, default_values_t = [1usize, 2], value_parser = parse_threads)]
     pub threads: Vec<usize>,
-    /// Working set (volume bytes touched).
-    #[arg(long, default_value = "256M", value_parser = crate::size::parse_size)]
+    /// Working set (volume bytes touched; at least 4K).
+    #[arg(long, default_value = "256M", value_parser = parse_working_set)]
     pub working_set: u64,
-    /// 4 KiB writes per run.
-    #[arg(long, default_value_t = 1 << 18)]
+    /// 4 KiB writes per run (at least 1).
+    #[arg(long, default_value_t = 1 << 18, value_parser = clap::value_parser!(u64).range(1..))]
     pub writes: u64,
-    /// 4 KiB reads per run.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// 4 KiB reads per run (at least 1).
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub reads: u64,
     /// Print JSON lines instead of a table.
     #[arg(long)]
@@ -36,9 +36,10 @@ pub struct BenchArgs {
     /// Compression of the benchmark volume (the written data is compressible).
     #[arg(long, default_value = "off")]
     pub compression: flashpool_engine::Compression,
-    /// Instead of IOPS: fill a pool of this data capacity, write a checkpoint interval's worth
-    /// of random writes after its last checkpoint, crash it, and time the reopen.
-    #[arg(long, value_parser = crate::size::parse_size)]
+    /// Instead of IOPS: fill a pool of this data capacity (at least 1M), write a checkpoint
+    /// interval's worth of random writes after its last checkpoint, crash it, and time the
+    /// reopen.
+    #[arg(long, value_parser = parse_recovery)]
     pub recovery: Option<u64>,
     /// With --recovery: file drives in this directory (default: memory drives).
     #[arg(long)]
@@ -49,6 +50,33 @@ pub struct BenchArgs {
     /// With --waf: the pool measured (small segments, or the defaults `serve` uses).
     #[arg(long, value_enum, default_value = "small", requires = "waf")]
     pub waf_geometry: bench_waf::WafGeometry,
+}
+
+/// Most threads a run takes: far more than cores only measures the scheduler, and each is a
+/// real thread.
+const MAX_THREADS: usize = 1024;
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!("expected 1 to {MAX_THREADS} threads")),
+    }
+}
+
+fn parse_working_set(s: &str) -> Result<u64, String> {
+    match crate::size::parse_size(s) {
+        Ok(n) if n >= 4096 => Ok(n),
+        Ok(_) => Err("the working set must be at least one 4 KiB block (4K)".into()),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+fn parse_recovery(s: &str) -> Result<u64, String> {
+    match crate::size::parse_size(s) {
+        Ok(n) if n >= 1 << 20 => Ok(n),
+        Ok(_) => Err("the pool's capacity must be at least 1M".into()),
+        Err(e) => Err(format!("{e:#}")),
+    }
 }
 
 /// Times recovery of a full pool whose log holds a whole checkpoint interval past the last
@@ -63,6 +91,13 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     };
     // No cleaner yet: the drives hold the fill and the post-checkpoint overwrites.
     let drive_size = (capacity + cfg.checkpoint_interval) / k as u64 * 13 / 10 + (256 << 20);
+    if dir.is_none() {
+        crate::memory::check_fits(
+            drive_size.saturating_mul((k + m) as u64),
+            &format!("{} memory drives of {} MiB", k + m, drive_size >> 20),
+            "use a smaller --recovery, or file drives (--dir)",
+        )?;
+    }
     let make = |i: usize| -> Result<DriveRef> {
         Ok(match dir {
             Some(d) => Arc::new(FileDrive::create(
@@ -101,8 +136,8 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     let open = t.elapsed();
     let s = pool.stats();
     println!(
-        "recovery of a {} GiB pool ({k}+{m}, {} MiB of log past the checkpoint): open took {:.2} s (fill took {:.1} s); read {} MiB while opening",
-        capacity >> 30,
+        "recovery of a {} MiB pool ({k}+{m}, {} MiB of log past the checkpoint): open took {:.2} s (fill took {:.1} s); read {} MiB while opening",
+        capacity >> 20,
         (tail * 4096) >> 20,
         open.as_secs_f64(),
         filled.as_secs_f64(),
@@ -123,13 +158,15 @@ impl Rng {
     }
 }
 
-/// Runs `ops` operations split over `threads`, returns operations per second.
+/// Runs `ops` operations split over `threads` (all of them: the first `ops % threads` threads
+/// take one more), returns operations per second.
 fn timed(threads: usize, ops: u64, f: impl Fn(usize, u64) + Sync) -> f64 {
     let start = Instant::now();
+    let (each, extra) = (ops / threads as u64, ops % threads as u64);
     std::thread::scope(|s| {
         for t in 0..threads {
             let f = &f;
-            s.spawn(move || f(t, ops / threads as u64));
+            s.spawn(move || f(t, each + u64::from((t as u64) < extra)));
         }
     });
     ops as f64 / start.elapsed().as_secs_f64()
@@ -157,6 +194,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return recovery(cap, a.dir.as_deref());
     }
     let blocks = a.working_set / 4096;
+    // One run's drives at a time (each pool is closed before the next): the largest decides.
+    let drive_size =
+        |k: usize| (a.writes.saturating_mul(4096 * 2) / k as u64).max(a.working_set) + (256 << 20);
+    let largest =
+        a.ec.iter()
+            .map(|&(k, m)| (k + m, drive_size(k)))
+            .max_by_key(|&(n, size)| size.saturating_mul(n as u64));
+    if let Some((n, size)) = largest {
+        crate::memory::check_fits(
+            size.saturating_mul(n as u64),
+            &format!("{n} memory drives of {} MiB", size >> 20),
+            "use a smaller --working-set or fewer --writes",
+        )?;
+    }
     if !a.json {
         println!(
             "{:<6} {:>7} {:>12} {:>12} {:>12} {:>9} {:>9} {:>6}",
@@ -173,7 +224,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for &(k, m) in &a.ec {
         for &threads in &a.threads {
             let n = k + m;
-            let drive_size = (a.writes * 4096 * 2 / k as u64).max(a.working_set) + (256 << 20);
+            let drive_size = drive_size(k);
             let drives: Vec<DriveRef> = (0..n)
                 .map(|i| {
                     let d = MemDrive::new(drive_size, format!("mem:{i}"));

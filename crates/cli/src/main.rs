@@ -11,6 +11,7 @@ mod bench;
 mod datadir;
 mod drive;
 mod export;
+mod memory;
 mod nvme;
 mod ops;
 mod pool_vs_raid5;

@@ -96,7 +96,7 @@ pub struct ServeArgs {
     pub volume_size: u64,
     /// Memory drives instead of files (benchmarks; nothing survives exit). Their memory is
     /// taken and touched whole at start (drives x --drive-size: 5 GiB for the default shape),
-    /// so page faults stay off the write path.
+    /// so page faults stay off the write path; refused when more than the memory available.
     #[arg(long)]
     pub memory: bool,
     /// Simulated SSDs instead of files: a `flashpool sim` preset name (slc, mlc, tlc, qlc,

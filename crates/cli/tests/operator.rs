@@ -180,6 +180,26 @@ fn wrong_flags_and_bad_sizes() {
             &["2000000", "busy-poll-us"],
         ),
         (
+            // Memory drives are touched whole at start: 5 x 64 TiB would end in the OOM
+            // killer, not an error.
+            "memory drives larger than the machine's memory",
+            &["serve", "--data", d, "--memory", "--drive-size", "64T"],
+            &["memory drives of", "available"],
+        ),
+        (
+            "simulated drives larger than the machine's memory",
+            &[
+                "serve",
+                "--data",
+                d,
+                "--sim-drives",
+                "small",
+                "--drive-size",
+                "2T",
+            ],
+            &["simulated drives of", "available"],
+        ),
+        (
             "no pool",
             &["volume", "--data", d, "list"],
             &["holds no pool"],
@@ -189,6 +209,47 @@ fn wrong_flags_and_bad_sizes() {
         refused(case, &flashpool(args), words);
         // A refused creation must leave nothing behind (see failed_create_leaves_drive_files).
         let _ = std::fs::remove_dir_all(&data);
+    }
+    // The in-process benchmark: no panic, no thousand-thread or terabyte run.
+    let bench: &[(&str, &[&str], &[&str])] = &[
+        ("no threads", &["bench", "--threads", "0"], &["--threads"]),
+        (
+            "a million threads",
+            &["bench", "--threads", "1000000"],
+            &["--threads"],
+        ),
+        (
+            "a working set under a block",
+            &["bench", "--working-set", "1"],
+            &["--working-set", "4 KiB"],
+        ),
+        ("no writes", &["bench", "--writes", "0"], &["--writes"]),
+        (
+            "a recovery pool of one byte",
+            &["bench", "--recovery", "1"],
+            &["--recovery", "1M"],
+        ),
+        (
+            "a working set larger than memory",
+            &[
+                "bench",
+                "--working-set",
+                "20T",
+                "--ec",
+                "4+1",
+                "--threads",
+                "1",
+            ],
+            &["memory drives of", "available"],
+        ),
+        (
+            "a recovery pool larger than memory",
+            &["bench", "--recovery", "20T"],
+            &["memory drives of", "--dir"],
+        ),
+    ];
+    for (case, args, words) in bench {
+        refused(case, &flashpool(args), words);
     }
     // Volume commands against a real pool.
     make_pool(&data, 1);

@@ -465,9 +465,24 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     if !req.drives.is_empty() {
         bail!("--memory and --drive exclude each other");
     }
+    check_shape(shape.k, shape.m, shape.drives)?;
+    let size = shape.drive_size_or_default();
+    crate::memory::check_fits(
+        size.saturating_mul(shape.drives as u64),
+        &format!(
+            "{} {} drives of {} MiB",
+            shape.drives,
+            if shape.sim.is_some() {
+                "simulated"
+            } else {
+                "memory"
+            },
+            size >> 20
+        ),
+        "use a smaller --drive-size or fewer --drives (or file drives)",
+    )?;
     // Nothing of the pool is kept there, but the admin socket lives in it.
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    check_shape(shape.k, shape.m, shape.drives)?;
     let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
         let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size_or_default());
         let clock = if shape.sim_real_time {
