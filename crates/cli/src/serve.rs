@@ -63,8 +63,8 @@ pub struct ServeArgs {
     /// pass a socket by systemd socket activation instead: run it there without --stdio.
     #[arg(long)]
     pub stdio: bool,
-    /// Number of drive files of a new pool (default 5, under DIR/drives/).
-    #[arg(long, conflicts_with = "drive")]
+    /// Number of drive files of a new pool (default 5, under DIR/drives/; at most 64).
+    #[arg(long, conflicts_with = "drive", value_parser = parse_drive_count)]
     pub drives: Option<usize>,
     /// A block device (used whole) or file (created at --drive-size if missing) for a new
     /// pool, repeated once per drive; also a place to look for the members of an existing
@@ -147,8 +147,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub stripe_writers: u64,
     /// Hours between background scrubs (every stripe read and checked, damage repaired);
-    /// 0 turns the background scrub off (`flashpool scrub` still works).
-    #[arg(long, default_value_t = 168)]
+    /// 0 turns the background scrub off (`flashpool scrub` still works). At most 87600 (ten
+    /// years).
+    #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(0..=87_600))]
     pub scrub_interval_hours: u64,
     /// Read rate of the background scrub, in MiB/s.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -197,6 +198,15 @@ struct HttpPlan {
     metrics: Option<std::net::TcpListener>,
     api: Option<std::net::TcpListener>,
     token: Option<crate::ops::http_api::Token>,
+}
+
+/// `--drives`: 1 to the engine's most members (`MAX_DRIVES`), checked before any file is made.
+pub(crate) fn parse_drive_count(s: &str) -> Result<usize, String> {
+    use flashpool_engine::format::superblock::MAX_DRIVES;
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_DRIVES).contains(&n) => Ok(n),
+        _ => Err(format!("expected 1 to {MAX_DRIVES} drives")),
+    }
 }
 
 fn bind(flag: &str, spec: &str) -> Result<(std::net::TcpListener, bool)> {

@@ -628,6 +628,12 @@ fn config_file_settings_flags_and_errors() {
             &["1..=100000"][..],
         ),
         (
+            "data = \"never\"\nscrub-interval-hours = 5124095576030432\n",
+            2,
+            &["0..=87600"][..],
+        ),
+        ("data = \"never\"\ndrives = 65\n", 2, &["1..=64"][..]),
+        (
             "data = \"never\"\nvolume-size = \"lots\"\n",
             2,
             &["size \"lots\""][..],

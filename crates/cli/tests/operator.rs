@@ -180,6 +180,24 @@ fn wrong_flags_and_bad_sizes() {
             &["2000000", "busy-poll-us"],
         ),
         (
+            // Checked before 2000 drive files are made (the engine takes at most 64).
+            "more drives than a pool takes",
+            &["serve", "--data", d, "--drives", "2000"],
+            &["--drives", "64"],
+        ),
+        (
+            // Hours times 3600 seconds wrapped: a scrub every few seconds instead of never.
+            "scrub interval past ten years",
+            &[
+                "serve",
+                "--data",
+                d,
+                "--scrub-interval-hours",
+                "5124095576030432",
+            ],
+            &["--scrub-interval-hours"],
+        ),
+        (
             // Memory drives are touched whole at start: 5 x 64 TiB would end in the OOM
             // killer, not an error.
             "memory drives larger than the machine's memory",

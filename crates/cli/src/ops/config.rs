@@ -54,6 +54,7 @@ pub struct FileConfig {
     pub rebuild_reserve: Option<String>,
     #[serde(default, deserialize_with = "stripe_writers")]
     pub stripe_writers: Option<u64>,
+    #[serde(default, deserialize_with = "scrub_interval")]
     pub scrub_interval_hours: Option<u64>,
     #[serde(default, deserialize_with = "scrub_rate")]
     pub scrub_rate_mib: Option<u64>,
@@ -130,6 +131,10 @@ fn reactors<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     ranged(d, 0, 256)
 }
 
+fn scrub_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    ranged(d, 0, 87_600)
+}
+
 fn scrub_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     ranged(d, 1, 100_000)
 }
@@ -143,7 +148,8 @@ fn per_peer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 }
 
 fn drives<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    ranged(d, 1, 1024).map(|v| v.map(|n| n as usize))
+    let max = flashpool_engine::format::superblock::MAX_DRIVES as u64;
+    ranged(d, 1, max).map(|v| v.map(|n| n as usize))
 }
 
 fn one_of<'de, D: Deserializer<'de>>(d: D, allowed: &[&str]) -> Result<Option<String>, D::Error> {
