@@ -74,7 +74,7 @@ pub struct ServeArgs {
     pub drive: Vec<PathBuf>,
     /// A path or glob to search for members that moved (e.g. '/dev/disk/by-id/*'), repeated;
     /// kept in the data dir's member record.
-    #[arg(long, value_name = "GLOB")]
+    #[arg(long, value_name = "GLOB", value_parser = parse_search)]
     pub search: Vec<String>,
     /// Create the pool over --drive devices even if they hold a filesystem, a partition table
     /// or another pool's superblock.
@@ -198,6 +198,14 @@ struct HttpPlan {
     metrics: Option<std::net::TcpListener>,
     api: Option<std::net::TcpListener>,
     token: Option<crate::ops::http_api::Token>,
+}
+
+/// `--search`: a valid glob (a bad one would be kept in the member record and skipped at
+/// every open, with a warning nobody reads until a member has moved).
+pub(crate) fn parse_search(s: &str) -> Result<String, String> {
+    glob::Pattern::new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("not a valid glob: {e}"))
 }
 
 /// `--drives`: 1 to the engine's most members (`MAX_DRIVES`), checked before any file is made.

@@ -634,6 +634,11 @@ fn config_file_settings_flags_and_errors() {
         ),
         ("data = \"never\"\ndrives = 65\n", 2, &["1..=64"][..]),
         (
+            "data = \"never\"\nsearch = [\"/dev/[\"]\n",
+            2,
+            &["not a valid glob"][..],
+        ),
+        (
             "data = \"never\"\nvolume-size = \"lots\"\n",
             2,
             &["size \"lots\""][..],

@@ -180,6 +180,12 @@ fn wrong_flags_and_bad_sizes() {
             &["2000000", "busy-poll-us"],
         ),
         (
+            // Kept in the member record, it would be skipped at every open.
+            "a search pattern that is not a glob",
+            &["serve", "--data", d, "--search", "/dev/disk/by-id/["],
+            &["--search", "glob"],
+        ),
+        (
             // Checked before 2000 drive files are made (the engine takes at most 64).
             "more drives than a pool takes",
             &["serve", "--data", d, "--drives", "2000"],

@@ -30,6 +30,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "drives")]
     pub drives: Option<usize>,
     pub drive: Option<Vec<PathBuf>>,
+    #[serde(default, deserialize_with = "search")]
     pub search: Option<Vec<String>>,
     pub force: Option<bool>,
     pub sparse: Option<bool>,
@@ -129,6 +130,15 @@ fn busy_poll<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 
 fn reactors<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     ranged(d, 0, 256)
+}
+
+fn search<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    for p in &v {
+        crate::serve::parse_search(p)
+            .map_err(|e| serde::de::Error::custom(format!("{p:?}: {e}")))?;
+    }
+    Ok(Some(v))
 }
 
 fn scrub_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
