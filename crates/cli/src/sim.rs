@@ -14,16 +14,9 @@ use std::time::Instant;
 
 /// An argument error found after parsing (an unknown name, flags that make the config
 /// invalid): `main` exits 2 for it, as clap does for its own.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 /// An argument error (exit 2).
 fn usage(msg: impl Into<String>) -> anyhow::Error {

@@ -33,16 +33,9 @@ use std::sync::Arc;
 /// A request refused because of the pool's state (a drive that is a member, a remove that
 /// would leave the data without room or redundancy): the admin doors answer it as a conflict
 /// (HTTP 409), not as a server failure.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct Refused(pub String);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
 
 /// Refuses with `msg`.
 pub fn refuse<T>(msg: String) -> Result<T> {
@@ -52,16 +45,9 @@ pub fn refuse<T>(msg: String) -> Result<T> {
 /// A drive path the request named that cannot be used (not a file or block device, cannot
 /// be created there, no room for it): the request's fault, answered as a bad request (HTTP
 /// 400), not as a server failure.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct Unusable(pub String);
-
-impl std::fmt::Display for Unusable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unusable {}
 
 /// `prepare_drive` for a drive a request named: its errors are [`Unusable`] unless refused.
 fn prepare_named_drive(p: &Path, size: u64, force: bool) -> Result<NewDrive> {
