@@ -166,17 +166,7 @@ impl SimDrive {
         identity: String,
         clock: SimClock,
     ) -> anyhow::Result<SimDrive> {
-        if cfg.check_size_limits().is_err() || Self::exported_bytes(cfg) > MAX_SIM_DRIVE_BYTES {
-            let what = match &cfg.name {
-                Some(n) => format!("a simulated {n} drive"),
-                None => "a simulated drive of this config".into(),
-            };
-            return Err(crate::sim::UsageError(format!(
-                "--drive-size is too large for {what} (at most {} bytes)",
-                Self::max_bytes(cfg)
-            ))
-            .into());
-        }
+        Self::check_size(cfg)?;
         cfg.validate()?;
         let geo = Geometry::new(&cfg.geometry);
         let logical = cfg.logical_pages();
@@ -248,6 +238,24 @@ impl SimDrive {
     /// the device as the preset has it), but never so few that its over-provisioning leaves
     /// the FTL fewer than 6 spare blocks per plane. A block count past u32 saturates there
     /// (and [`SimDrive::with_clock`] refuses the device).
+    /// Refuses a device (a config [`SimDrive::scaled`] made) past the simulator's limits or
+    /// [`MAX_SIM_DRIVE_BYTES`], naming `--drive-size` (a usage error), before anything of it
+    /// is allocated.
+    pub fn check_size(cfg: &SimConfig) -> anyhow::Result<()> {
+        if cfg.check_size_limits().is_err() || Self::exported_bytes(cfg) > MAX_SIM_DRIVE_BYTES {
+            let what = match &cfg.name {
+                Some(n) => format!("a simulated {n} drive"),
+                None => "a simulated drive of this config".into(),
+            };
+            return Err(crate::sim::UsageError(format!(
+                "--drive-size is too large for {what} (at most {} bytes)",
+                Self::max_bytes(cfg)
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
     pub fn scaled(cfg: &SimConfig, bytes: u64) -> SimConfig {
         let mut c = cfg.clone();
         let g = &c.geometry;

@@ -453,24 +453,32 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     }
     check_shape(shape.k, shape.m, shape.drives)?;
     let size = shape.drive_size_or_default();
+    // A simulated drive holds its data and its FTL's tables; first its own limits (they name
+    // the flag), then the machine's memory, before any drive is made.
+    let sim = shape
+        .sim
+        .as_ref()
+        .map(|cfg| crate::sim_drive::SimDrive::scaled(cfg, size));
+    let per_drive = match &sim {
+        Some(cfg) => {
+            crate::sim_drive::SimDrive::check_size(cfg)?;
+            size.saturating_add(cfg.memory_estimate())
+        }
+        None => size,
+    };
     crate::memory::check_fits(
-        size.saturating_mul(shape.drives as u64),
+        per_drive.saturating_mul(shape.drives as u64),
         &format!(
             "{} {} drives of {} MiB",
             shape.drives,
-            if shape.sim.is_some() {
-                "simulated"
-            } else {
-                "memory"
-            },
+            if sim.is_some() { "simulated" } else { "memory" },
             size >> 20
         ),
         "use a smaller --drive-size or fewer --drives (or file drives)",
     )?;
     // Nothing of the pool is kept there, but the admin socket lives in it.
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let drives: Vec<DriveRef> = if let Some(cfg) = &shape.sim {
-        let cfg = crate::sim_drive::SimDrive::scaled(cfg, shape.drive_size_or_default());
+    let drives: Vec<DriveRef> = if let Some(cfg) = &sim {
         let clock = if shape.sim_real_time {
             crate::sim_drive::SimClock::Real(std::time::Instant::now())
         } else {
