@@ -486,7 +486,7 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         };
         (0..shape.drives)
             .map(|i| {
-                crate::sim_drive::SimDrive::with_clock(&cfg, format!("sim:{i}"), clock.clone())
+                crate::sim_drive::SimDrive::with_clock(cfg, format!("sim:{i}"), clock.clone())
                     .map(|d| Arc::new(d) as DriveRef)
             })
             .collect::<Result<_>>()?
