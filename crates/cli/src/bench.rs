@@ -93,8 +93,9 @@ fn recovery(capacity: u64, dir: Option<&std::path::Path>) -> Result<()> {
     let drive_size = (capacity + cfg.checkpoint_interval) / k as u64 * 13 / 10 + (256 << 20);
     if dir.is_none() {
         crate::memory::check_fits(
-            drive_size.saturating_mul((k + m) as u64),
-            &format!("{} memory drives of {} MiB", k + m, drive_size >> 20),
+            k + m,
+            drive_size,
+            "memory",
             "use a smaller --recovery, or file drives (--dir)",
         )?;
     }
@@ -203,8 +204,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .max_by_key(|&(n, size)| size.saturating_mul(n as u64));
     if let Some((n, size)) = largest {
         crate::memory::check_fits(
-            size.saturating_mul(n as u64),
-            &format!("{n} memory drives of {} MiB", size >> 20),
+            n,
+            size,
+            "memory",
             "use a smaller --working-set or fewer --writes",
         )?;
     }

@@ -55,6 +55,12 @@ enum Command {
     Sim(sim::SimArgs),
 }
 
+/// An argument error found after parsing (an unknown name, flags that together make an
+/// invalid config or device): `main` exits 2 for it, as clap does for its own.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -85,7 +91,7 @@ fn main() {
     if let Err(err) = result {
         eprintln!("flashpool: error: {err:#}");
         // Argument errors found after parsing exit 2, as clap's own do.
-        let usage = err.downcast_ref::<sim::UsageError>().is_some();
+        let usage = err.downcast_ref::<UsageError>().is_some();
         std::process::exit(if usage { 2 } else { 1 });
     }
 }

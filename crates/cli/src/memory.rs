@@ -20,16 +20,25 @@ fn parse_available(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Refuses when `bytes` of drives in memory (`what`, e.g. "5 memory drives of 1024 GiB")
-/// would not fit the memory available now; `hint` says what to change.
-pub fn check_fits(bytes: u64, what: &str, hint: &str) -> Result<()> {
-    check_fits_in(bytes, available(), what, hint)
+/// Refuses when `count` drives of `kind` ("memory", "simulated") taking `each` bytes of
+/// memory would not fit the memory available now; `hint` says what to change.
+pub fn check_fits(count: usize, each: u64, kind: &str, hint: &str) -> Result<()> {
+    check_fits_in(count, each, available(), kind, hint)
 }
 
-fn check_fits_in(bytes: u64, available: Option<u64>, what: &str, hint: &str) -> Result<()> {
+fn check_fits_in(
+    count: usize,
+    each: u64,
+    available: Option<u64>,
+    kind: &str,
+    hint: &str,
+) -> Result<()> {
+    let bytes = each.saturating_mul(count as u64);
     match available {
         Some(avail) if bytes > avail => bail!(
-            "{what} need {} MiB of memory, and this machine has {} MiB available: {hint}",
+            "{count} {kind} drives of {} MiB need {} MiB of memory, and this machine has {} MiB \
+             available: {hint}",
+            each.div_ceil(MIB),
             bytes.div_ceil(MIB),
             avail / MIB
         ),
@@ -48,17 +57,18 @@ mod tests {
         assert_eq!(parse_available("MemTotal: 1 kB\n"), None);
         assert_eq!(parse_available("MemAvailable: lots kB\n"), None);
         let avail = Some(1 << 30);
-        assert!(check_fits_in(1 << 30, avail, "x", "y").is_ok());
-        let e = check_fits_in((1 << 30) + 1, avail, "5 memory drives", "smaller")
+        assert!(check_fits_in(4, 1 << 28, avail, "x", "y").is_ok());
+        let e = check_fits_in(5, 205 << 20, avail, "memory", "smaller")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("5 memory drives need 1025 MiB") && e.contains("1024 MiB available"),
+            e.contains("5 memory drives of 205 MiB need 1025 MiB")
+                && e.contains("1024 MiB available"),
             "{e}"
         );
-        assert!(check_fits_in(u64::MAX, None, "x", "y").is_ok());
+        assert!(check_fits_in(usize::MAX, u64::MAX, None, "x", "y").is_ok());
         // This machine has some memory, and not an exabyte of it.
         assert!(available().is_some_and(|a| a > 0));
-        assert!(check_fits(1 << 60, "an exabyte", "no").is_err());
+        assert!(check_fits(1, 1 << 60, "memory", "no").is_err());
     }
 }

@@ -12,15 +12,9 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// An argument error found after parsing (an unknown name, flags that make the config
-/// invalid): `main` exits 2 for it, as clap does for its own.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
 /// An argument error (exit 2).
 fn usage(msg: impl Into<String>) -> anyhow::Error {
-    UsageError(msg.into()).into()
+    crate::UsageError(msg.into()).into()
 }
 
 /// `--preset`: a built-in preset's name.
@@ -51,11 +45,17 @@ fn parse_op_ratio(s: &str) -> Result<f64, String> {
 
 /// `sim experiment NAME`: a known experiment.
 fn parse_experiment(s: &str) -> Result<String, String> {
-    if s == "pool-vs-raid5" {
-        return Ok(s.to_string());
+    experiment_of(s).map(|_| s.to_string())
+}
+
+/// The simulator's experiment `name`, or None for `pool-vs-raid5` (pool and simulator
+/// together, run here where both are known).
+fn experiment_of(name: &str) -> Result<Option<Experiment>, String> {
+    if name == "pool-vs-raid5" {
+        return Ok(None);
     }
-    Experiment::from_name(s)
-        .map(|_| s.to_string())
+    Experiment::from_name(name)
+        .map(Some)
         .map_err(|e| format!("{e}, pool-vs-raid5"))
 }
 
@@ -221,17 +221,13 @@ fn trace_experiment(
         let mut v = Vec::new();
         for d in &a.devices {
             let cfg = if Path::new(d).is_file() {
-                let text = std::fs::read_to_string(d).with_context(|| format!("reading {d}"))?;
-                let cfg = SimConfig::parse_toml(&text).with_context(|| format!("in {d}"))?;
-                cfg.validate_replay().with_context(|| format!("in {d}"))?;
-                cfg
+                read_config_file(Path::new(d), true)?
             } else if presets::preset_text(d).is_some() {
                 presets::preset(d)?
             } else {
-                let names: Vec<&str> = presets::PRESETS.iter().map(|(n, _)| *n).collect();
                 return Err(usage(format!(
                     "--device {d:?}: neither a preset ({}) nor a file",
-                    names.join(", ")
+                    presets::names()
                 )));
             };
             v.push((d.clone(), cfg));
@@ -274,22 +270,8 @@ pub fn run(args: SimArgs) -> Result<()> {
 /// file's problems are errors (exit 1); a flag that makes a valid config invalid is an
 /// argument error (exit 2).
 fn load(d: &DeviceArgs, ios: Option<u64>, replay: bool) -> Result<SimConfig> {
-    let check = |cfg: &SimConfig| {
-        if replay {
-            cfg.validate_replay()
-        } else {
-            cfg.validate()
-        }
-    };
     let mut cfg = match (&d.config, &d.preset) {
-        (Some(path), None) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let cfg =
-                SimConfig::parse_toml(&text).with_context(|| format!("in {}", path.display()))?;
-            check(&cfg).with_context(|| format!("in {}", path.display()))?;
-            cfg
-        }
+        (Some(path), None) => read_config_file(path, replay)?,
         (None, Some(name)) => presets::preset(name).map_err(|e| usage(e.to_string()))?,
         (None, None) => return Err(usage("give a CONFIG.toml or --preset NAME")),
         (Some(_), Some(_)) => return Err(usage("give either a CONFIG.toml or --preset, not both")),
@@ -299,8 +281,27 @@ fn load(d: &DeviceArgs, ios: Option<u64>, replay: bool) -> Result<SimConfig> {
     }
     if let Some(n) = ios {
         cfg.workload.ios = n;
-        check(&cfg).map_err(|e| usage(format!("--ios {n}: {e}")))?;
+        validate(&cfg, replay).map_err(|e| usage(format!("--ios {n}: {e}")))?;
     }
+    Ok(cfg)
+}
+
+/// Checks `cfg` for a generated job, or with `replay` only what a trace replay uses.
+fn validate(cfg: &SimConfig, replay: bool) -> Result<(), flashpool_sim::config::ConfigError> {
+    if replay {
+        cfg.validate_replay()
+    } else {
+        cfg.validate()
+    }
+}
+
+/// Reads, parses and checks a config file (see [`validate`]); its problems are errors naming
+/// the file (exit 1).
+fn read_config_file(path: &Path, replay: bool) -> Result<SimConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = SimConfig::parse_toml(&text).with_context(|| format!("in {}", path.display()))?;
+    validate(&cfg, replay).with_context(|| format!("in {}", path.display()))?;
     Ok(cfg)
 }
 
@@ -471,12 +472,7 @@ fn cmd_experiment(a: ExperimentArgs) -> Result<()> {
         }
     };
     // Pool and simulator together (pool-vs-raid5) live here, where both are known.
-    let exp = match a.name.as_str() {
-        "pool-vs-raid5" => None,
-        name => {
-            Some(Experiment::from_name(name).map_err(|e| usage(format!("{e}, pool-vs-raid5")))?)
-        }
-    };
+    let exp = experiment_of(&a.name).map_err(usage)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut wrote = Vec::new();
     let res = match exp {

@@ -122,13 +122,9 @@ fn read_config(what: &str) -> anyhow::Result<SimConfig> {
     }
     let p = std::path::Path::new(what);
     if !p.exists() {
-        let names: Vec<&str> = flashpool_sim::presets::PRESETS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect();
         anyhow::bail!(
             "--sim-drives {what:?}: neither a preset ({}) nor a file",
-            names.join(", ")
+            flashpool_sim::presets::names()
         );
     }
     let text = std::fs::read_to_string(p)
@@ -247,7 +243,7 @@ impl SimDrive {
                 Some(n) => format!("a simulated {n} drive"),
                 None => "a simulated drive of this config".into(),
             };
-            return Err(crate::sim::UsageError(format!(
+            return Err(crate::UsageError(format!(
                 "--drive-size is too large for {what} (at most {} bytes)",
                 Self::max_bytes(cfg)
             ))
@@ -530,7 +526,7 @@ mod tests {
         let e = SimDrive::with_clock(&cfg, "sim:0".into(), SimClock::Untimed)
             .err()
             .expect("refused");
-        assert!(e.downcast_ref::<crate::sim::UsageError>().is_some(), "{e}");
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
         let msg = e.to_string();
         assert!(
             msg.contains("--drive-size") && msg.contains("small"),

@@ -17,15 +17,16 @@ pub fn preset_text(name: &str) -> Option<&'static str> {
     PRESETS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
+/// The presets' names, comma-separated (for messages listing what is known).
+pub fn names() -> String {
+    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    names.join(", ")
+}
+
 /// Parses preset `name`.
 pub fn preset(name: &str) -> Result<SimConfig, ConfigError> {
-    let text = preset_text(name).ok_or_else(|| {
-        let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-        ConfigError(format!(
-            "unknown preset {name:?}; known: {}",
-            names.join(", ")
-        ))
-    })?;
+    let text = preset_text(name)
+        .ok_or_else(|| ConfigError(format!("unknown preset {name:?}; known: {}", names())))?;
     SimConfig::from_toml(text)
 }
 

@@ -467,13 +467,9 @@ fn open_memory(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         None => size,
     };
     crate::memory::check_fits(
-        per_drive.saturating_mul(shape.drives as u64),
-        &format!(
-            "{} {} drives of {} MiB",
-            shape.drives,
-            if sim.is_some() { "simulated" } else { "memory" },
-            size >> 20
-        ),
+        shape.drives,
+        per_drive,
+        if sim.is_some() { "simulated" } else { "memory" },
         "use a smaller --drive-size or fewer --drives (or file drives)",
     )?;
     // Nothing of the pool is kept there, but the admin socket lives in it.
