@@ -22,7 +22,7 @@ pub struct FileConfig {
     pub nvme_allow_host: Option<Vec<String>>,
     pub nvme_dhchap_secret: Option<PathBuf>,
     pub nvme_dhchap_dhgroup: Option<String>,
-    #[serde(default, deserialize_with = "tls_mode")]
+    #[serde(default, deserialize_with = "nvme_tls")]
     pub nvme_tls: Option<String>,
     pub nvme_tls_psk: Option<PathBuf>,
     pub socket: Option<PathBuf>,
@@ -45,24 +45,24 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "sim_timing")]
     pub sim_timing: Option<String>,
     pub rebuild_delay: Option<u64>,
-    #[serde(default, deserialize_with = "busy_poll")]
+    #[serde(default, deserialize_with = "busy_poll_us")]
     pub busy_poll_us: Option<u64>,
-    #[serde(default, deserialize_with = "busy_poll")]
+    #[serde(default, deserialize_with = "read_poll_us")]
     pub read_poll_us: Option<u64>,
-    #[serde(default, deserialize_with = "reactors")]
+    #[serde(default, deserialize_with = "nbd_reactors")]
     pub nbd_reactors: Option<u64>,
-    #[serde(default, deserialize_with = "on_off")]
+    #[serde(default, deserialize_with = "rebuild_reserve")]
     pub rebuild_reserve: Option<String>,
     #[serde(default, deserialize_with = "stripe_writers")]
     pub stripe_writers: Option<u64>,
-    #[serde(default, deserialize_with = "scrub_interval")]
+    #[serde(default, deserialize_with = "scrub_interval_hours")]
     pub scrub_interval_hours: Option<u64>,
-    #[serde(default, deserialize_with = "scrub_rate")]
+    #[serde(default, deserialize_with = "scrub_rate_mib")]
     pub scrub_rate_mib: Option<u64>,
     pub handshake_timeout: Option<u64>,
-    #[serde(default, deserialize_with = "per_peer")]
+    #[serde(default, deserialize_with = "max_handshakes_per_peer")]
     pub max_handshakes_per_peer: Option<u64>,
-    #[serde(default, deserialize_with = "tls_mode")]
+    #[serde(default, deserialize_with = "tls")]
     pub tls: Option<String>,
     pub tls_certificates: Option<PathBuf>,
     pub tls_psk: Option<PathBuf>,
@@ -114,88 +114,98 @@ fn ec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<(usize, usize)>, D::Erro
     custom(crate::size::parse_ec(&String::deserialize(d)?))
 }
 
-fn ranged<'de, D: Deserializer<'de>>(d: D, lo: u64, hi: u64) -> Result<Option<u64>, D::Error> {
-    let v = u64::deserialize(d)?;
-    if !(lo..=hi).contains(&v) {
-        return Err(serde::de::Error::custom(format!(
-            "{v} is not in {lo}..={hi}"
-        )));
+/// Checks `text` with the parser of the flag whose clap id is `id`: the ranges and choices
+/// of a key live in one place, `ServeArgs`, so the file cannot accept what the flag refuses
+/// (two had drifted when the file kept its own copy). Only a refused value is an error here;
+/// what the flag needs beside it (`--nvme-tls` needs `--nvme-tcp`) is checked after merging.
+fn flag_accepts(id: &str, text: &str) -> Result<(), String> {
+    use clap::error::ErrorKind;
+    use clap::Args;
+    let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+    let long = cmd
+        .get_arguments()
+        .find(|a| a.get_id() == id)
+        .and_then(|a| a.get_long())
+        .unwrap_or_else(|| panic!("config key {id} names no flag of serve"))
+        .to_string();
+    match cmd.try_get_matches_from(["serve".to_string(), format!("--{long}={text}")]) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::InvalidValue | ErrorKind::ValueValidation
+            ) =>
+        {
+            // clap's message without its "error: " and its pointer to --help.
+            let text = e.to_string();
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+                .collect();
+            let msg = lines.join(" ");
+            Err(msg.strip_prefix("error: ").unwrap_or(&msg).to_string())
+        }
+        _ => Ok(()),
     }
+}
+
+/// A value the flag `id`'s own parser must accept.
+fn checked<'de, D, T>(d: D, id: &str) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + ToString,
+{
+    let v = T::deserialize(d)?;
+    flag_accepts(id, &v.to_string()).map_err(serde::de::Error::custom)?;
     Ok(Some(v))
 }
 
-fn busy_poll<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 0, 1_000_000)
+/// `fn key(d)`: deserializes the key as `T` and checks it with its flag's parser.
+macro_rules! checked_by_flag {
+    ($($key:ident: $t:ty),* $(,)?) => {$(
+        fn $key<'de, D: Deserializer<'de>>(d: D) -> Result<Option<$t>, D::Error> {
+            checked(d, stringify!($key))
+        }
+    )*};
 }
 
-fn reactors<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 0, 256)
-}
+checked_by_flag!(
+    busy_poll_us: u64,
+    read_poll_us: u64,
+    nbd_reactors: u64,
+    scrub_interval_hours: u64,
+    scrub_rate_mib: u64,
+    stripe_writers: u64,
+    max_handshakes_per_peer: u64,
+    drives: usize,
+    sim_timing: String,
+    tls: String,
+    nvme_tls: String,
+);
 
 fn search<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
     let v = Vec::<String>::deserialize(d)?;
     for p in &v {
-        crate::serve::parse_search(p)
-            .map_err(|e| serde::de::Error::custom(format!("{p:?}: {e}")))?;
+        flag_accepts("search", p).map_err(serde::de::Error::custom)?;
     }
     Ok(Some(v))
-}
-
-fn scrub_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 0, 87_600)
-}
-
-fn scrub_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 1, 100_000)
-}
-
-fn stripe_writers<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 1, 64)
-}
-
-fn per_peer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    ranged(d, 1, 100_000)
-}
-
-fn drives<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    let max = flashpool_engine::format::superblock::MAX_DRIVES as u64;
-    ranged(d, 1, max).map(|v| v.map(|n| n as usize))
-}
-
-fn one_of<'de, D: Deserializer<'de>>(d: D, allowed: &[&str]) -> Result<Option<String>, D::Error> {
-    let v = String::deserialize(d)?;
-    if !allowed.contains(&v.as_str()) {
-        return Err(serde::de::Error::custom(format!(
-            "{v:?}: expected one of {}",
-            allowed.join(", ")
-        )));
-    }
-    Ok(Some(v))
-}
-
-fn sim_timing<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    one_of(d, &["real", "off"])
-}
-
-fn tls_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    one_of(d, &["off", "on", "require"])
 }
 
 /// "on" / "off", or true / false.
-fn on_off<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+fn rebuild_reserve<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OnOff {
         Bool(bool),
         Text(String),
     }
-    match OnOff::deserialize(d)? {
-        OnOff::Bool(b) => Ok(Some(if b { "on" } else { "off" }.into())),
-        OnOff::Text(t) if t == "on" || t == "off" => Ok(Some(t)),
-        OnOff::Text(t) => Err(serde::de::Error::custom(format!(
-            "{t:?}: expected \"on\" or \"off\" (or true or false)"
-        ))),
-    }
+    let text = match OnOff::deserialize(d)? {
+        OnOff::Bool(b) => if b { "on" } else { "off" }.to_string(),
+        OnOff::Text(t) => t,
+    };
+    flag_accepts("rebuild_reserve", &text)
+        .map_err(|e| serde::de::Error::custom(format!("{e} (or true or false)")))?;
+    Ok(Some(text))
 }
 
 /// `[HOST:]PORT`, checked here so the error points at the line.
@@ -458,6 +468,45 @@ mod tests {
         assert!(err.starts_with("line 2, column "), "{err}");
         let err = parse("\nnvme-allow-host = \"nqn.x\"\n").unwrap_err();
         assert!(err.starts_with("line 2, column "), "{err}");
+    }
+
+    /// The file takes a value exactly when the flag does (both ask the flag's parser), and
+    /// a refusal says what the flag would.
+    #[test]
+    fn keys_take_what_their_flags_take() {
+        for (key, values) in [
+            ("stripe-writers", &["0", "1", "64", "65"][..]),
+            ("drives", &["0", "1", "64", "65"][..]),
+            ("nbd-reactors", &["0", "256", "257"][..]),
+            ("busy-poll-us", &["0", "1000000", "1000001"][..]),
+            ("read-poll-us", &["0", "1000000", "1000001"][..]),
+            ("scrub-interval-hours", &["0", "87600", "87601"][..]),
+            ("scrub-rate-mib", &["0", "1", "100000", "100001"][..]),
+            ("max-handshakes-per-peer", &["0", "1", "100001"][..]),
+            ("sim-timing", &["\"real\"", "\"off\"", "\"fast\""][..]),
+            ("tls", &["\"off\"", "\"require\"", "\"maybe\""][..]),
+            ("nvme-tls", &["\"on\"", "\"maybe\""][..]),
+            ("rebuild-reserve", &["\"on\"", "\"off\"", "\"maybe\""][..]),
+        ] {
+            for v in values {
+                let file = parse(&format!("{key} = {v}\n"));
+                let flag = Cli::try_parse_from([
+                    "serve".to_string(),
+                    format!("--{key}={}", v.trim_matches('"')),
+                ]);
+                let flag_refused = matches!(&flag, Err(e) if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::InvalidValue | clap::error::ErrorKind::ValueValidation
+                ));
+                assert_eq!(file.is_err(), flag_refused, "{key} = {v}: {file:?}");
+                if let Err(e) = file {
+                    assert!(e.contains(&format!("--{key}")), "{key} = {v}: {e}");
+                }
+            }
+        }
+        let err = parse("search = [\"a\", \"[\"]\n").unwrap_err();
+        assert!(err.contains("not a valid glob"), "{err}");
+        assert!(parse("rebuild-reserve = false\n").is_ok());
     }
 
     #[test]
