@@ -127,7 +127,8 @@ enum RangeArg {
     Error,
     /// Offsets wrap around the logical capacity.
     Wrap,
-    /// Offsets are scaled so the trace's highest address meets the capacity.
+    /// A trace whose highest address is past the capacity has its offsets scaled down to
+    /// fit (one that fits is replayed as it is).
     Scale,
 }
 

@@ -661,7 +661,9 @@ impl SimConfig {
             ("timing.resume_us", t.resume_us),
         ] {
             if !(0.0..1e9).contains(&v) {
-                return err(format!("{name} must be a non-negative number of us"));
+                return err(format!(
+                    "{name} = {v}: must be a number of us at least 0 and below 1e9 (1000 s)"
+                ));
             }
         }
         if t.channel_mt_s == 0 || t.bus_width_bits == 0 {

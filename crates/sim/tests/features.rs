@@ -125,6 +125,30 @@ fn grown_bad_blocks_until_capacity_is_lost() {
     assert!(r.host_ios < 1_000_000);
 }
 
+/// A device lives until its spare is spent, not until its first worn-out block: with two
+/// free blocks kept for host writes, a victim retired when erased could leave GC no block for
+/// the next one, and the run ended at the first or second grown bad block (of ~10 the spare
+/// allows: 64 blocks, 3 held back, 51.2 blocks of logical space) under `fair` and `host`.
+#[test]
+fn grown_bad_blocks_spend_the_spare_before_failure() {
+    use flashpool_sim::config::{GcPriority, SimConfig};
+    let text = "[geometry]\nchannels = 1\ndies_per_channel = 1\nplanes_per_die = 1\n\
+                blocks_per_plane = 64\npages_per_block = 32\n[ftl]\nop_ratio = 0.2\n\
+                endurance = 30\n[workload]\nrw = \"randwrite\"\niodepth = 8\nios = 300000\n\
+                precondition = \"fill\"\n";
+    for prio in [GcPriority::Fair, GcPriority::Host, GcPriority::Gc] {
+        let mut c: SimConfig = toml::from_str(text).unwrap();
+        c.ftl.gc_priority = prio;
+        let r = flashpool_sim::run(&c).unwrap();
+        let msg = r.failed.clone().expect("worn out within the run");
+        assert!(
+            r.grown_bad_blocks >= 8,
+            "{prio:?}: failed at {} grown bad blocks: {msg}",
+            r.grown_bad_blocks
+        );
+    }
+}
+
 #[test]
 fn factory_bad_blocks_are_placed() {
     let mut c = small(2, 1, 2);

@@ -282,10 +282,25 @@ impl Ftl {
         }
     }
 
-    /// Whether a host write can be placed in `plane` now.
+    /// Whether a host write can be placed in `plane` now: into its open user block, or into
+    /// a new one when [`Ftl::user_floor`] blocks are free.
     #[inline]
     pub fn can_accept_user(&self, plane: u32) -> bool {
-        self.user[plane as usize].block != NONE || self.free[plane as usize].len() >= 2
+        self.user[plane as usize].block != NONE
+            || self.free[plane as usize].len() as u32 >= self.user_floor(plane)
+    }
+
+    /// Free blocks a new user block must leave at least one of: 2, so the GC frontier always
+    /// has a block to open; 3 once a block of the plane is at its last P/E cycle, so a victim
+    /// retired when erased (it goes to the bad blocks, not back to the free pool) still
+    /// leaves GC a block for the next victim. With 2, the first grown bad block could find
+    /// the frontier holding the last free block and a next victim with more valid pages than
+    /// the frontier's room: GC stuck, the device declared dead with most of its spare left.
+    #[inline]
+    pub fn user_floor(&self, plane: u32) -> u32 {
+        let last_cycle =
+            self.endurance > 0 && self.plane_max_erase[plane as usize] + 1 >= self.endurance;
+        2 + u32::from(last_cycle)
     }
 
     /// Where the next host write to `plane` lands: (block index within the plane, page
@@ -330,10 +345,11 @@ impl Ftl {
         }
     }
 
-    /// Whether `plane` is below the foreground GC threshold.
+    /// Whether `plane` is below the foreground GC threshold (never below the free blocks a
+    /// new user block needs, or host writes would wait for GC that never starts).
     #[inline]
     pub fn needs_fg_gc(&self, plane: u32) -> bool {
-        (self.free[plane as usize].len() as u32) < self.gc_threshold
+        (self.free[plane as usize].len() as u32) < self.gc_threshold.max(self.user_floor(plane))
     }
 
     /// Whether `plane` is below the background GC threshold.
@@ -543,7 +559,7 @@ impl Ftl {
         if self.placement.is_static() {
             let plane = self.placement.plane_of_lpa(lpa);
             if self.needs_fg_gc(plane) {
-                self.gc_untimed(plane, self.gc_threshold);
+                self.gc_untimed(plane, self.gc_threshold.max(self.user_floor(plane)));
             }
             if self.can_accept_user(plane) {
                 self.write_host(lpa, plane);
@@ -561,7 +577,7 @@ impl Ftl {
             let plane = self.rr_plane(self.rr);
             self.rr = (self.rr + 1) % planes;
             if self.needs_fg_gc(plane) {
-                self.gc_untimed(plane, self.gc_threshold);
+                self.gc_untimed(plane, self.gc_threshold.max(self.user_floor(plane)));
             }
             if self.can_accept_user(plane) {
                 self.write_host(lpa, plane);

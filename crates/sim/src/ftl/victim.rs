@@ -1,5 +1,5 @@
 //! GC victim selection: greedy (O(1) through per-plane buckets keyed by valid count),
-//! cost-benefit (Rosenblum and Ousterhout: maximise (1 - u) * age / 2u), FIFO (oldest
+//! cost-benefit (maximise (1 - u) * age / 2u: Kawaguchi et al.'s flash form of LFS's rule), FIFO (oldest
 //! closed block) and random d-choices (least valid of d sampled blocks). Blocks whose pages
 //! are all valid are never chosen for space: moving them frees nothing.
 

@@ -23,7 +23,7 @@ pub fn parse_blkparse(text: &str) -> Result<Vec<RawRequest>, String> {
             continue;
         }
         let bad = |what: &str| line_error(i + 1, what, line.trim());
-        let time_ns = parse_time(f[3], 1e9).map_err(bad)?;
+        let time_ns = parse_time(f[3], 1_000_000_000).map_err(bad)?;
         let sector: u64 = f[7].parse().map_err(|_| bad("bad sector"))?;
         let count: u64 = f[9].parse().map_err(|_| bad("bad sector count"))?;
         let rwbs = f[6];

@@ -26,7 +26,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<RawRequest>, String> {
             if f.len() < 4 {
                 return Err(bad("expected timestamp_us,op,offset,length"));
             }
-            let time_ns = parse_time(f[0], 1e3).map_err(bad)?;
+            let time_ns = parse_time(f[0], 1_000).map_err(bad)?;
             let op = parse_op(f[1]).ok_or_else(|| bad("op must be R, W or T"))?;
             let offset: u64 = f[2].parse().map_err(|_| bad("bad offset"))?;
             let length: u64 = f[3].parse().map_err(|_| bad("bad length"))?;

@@ -41,7 +41,7 @@ pub fn parse_fio(text: &str) -> Result<Trace, String> {
         let bad = |what: &str| line_error(i + 1, what, line);
         let f: Vec<&str> = line.split_whitespace().collect();
         let (time_ns, rest) = if version == 3 {
-            let t = parse_time(f[0], 1e3).map_err(|e| bad(&format!("{e} (us)")))?;
+            let t = parse_time(f[0], 1_000).map_err(|e| bad(&format!("{e} (us)")))?;
             (t, &f[1..])
         } else {
             (0, &f[..])

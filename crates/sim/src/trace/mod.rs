@@ -137,8 +137,9 @@ pub enum RangeMode {
     /// Take offsets modulo the logical capacity (a request that still crosses the end is
     /// cut there).
     Wrap,
-    /// Scale every offset by capacity / (highest end in the trace), keeping lengths, so
-    /// the trace's address pattern is spread over the whole device.
+    /// When the trace's highest end is past the capacity, scale every offset by capacity /
+    /// that end, keeping lengths, so the trace's address pattern fits the device (a trace
+    /// that fits is left where it is).
     Scale,
 }
 
@@ -288,12 +289,40 @@ pub(crate) fn line_error(line: usize, what: &str, text: &str) -> String {
     format!("trace line {line}: {what}: {shown:?}")
 }
 
-/// Parses a non-negative decimal number of `unit`s into ns (`ns_per_unit` = ns per unit):
-/// "bad timestamp" for what is not a number (NaN, negative), "timestamp too large" past
-/// [`MAX_TIME_NS`] (infinities too).
-pub(crate) fn parse_time(s: &str, ns_per_unit: f64) -> Result<u64, &'static str> {
-    let t: f64 = s.trim().parse().map_err(|_| "bad timestamp")?;
-    let ns = t * ns_per_unit;
+/// Parses a non-negative decimal number of `unit`s into ns (`ns_per_unit` = ns per unit, a
+/// power of ten): "bad timestamp" for what is not a number (NaN, negative), "timestamp too
+/// large" past [`MAX_TIME_NS`] (infinities too). Plain decimals (`1700000000123456.7`) are
+/// read exactly, digit by digit, rounded to the nearest ns: through an f64 a large origin
+/// (epoch microseconds) would lose the gaps between requests (1.1 us apart replayed as 1.024).
+/// Other forms f64 takes (`1e3`) go through an f64.
+pub(crate) fn parse_time(s: &str, ns_per_unit: u64) -> Result<u64, &'static str> {
+    let s = s.trim();
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if !int.is_empty() && digits(int) && digits(frac) {
+        let too_large = "timestamp too large";
+        // Past MAX_TIME_NS long before u128 overflows: 40 digits is > 10^39 ns.
+        if int.trim_start_matches('0').len() > 30 {
+            return Err(too_large);
+        }
+        let mut ns: u128 = int.parse::<u128>().map_err(|_| too_large)? * ns_per_unit as u128;
+        // The fraction's digits worth a whole ns and more, then the next one to round.
+        let mut place = ns_per_unit as u128;
+        let mut fb = frac.bytes();
+        while place > 1 {
+            place /= 10;
+            ns += place * u128::from(fb.next().map_or(0, |b| b - b'0'));
+        }
+        if fb.next().is_some_and(|b| b >= b'5') {
+            ns += 1;
+        }
+        return u64::try_from(ns)
+            .ok()
+            .filter(|&n| n <= MAX_TIME_NS)
+            .ok_or(too_large);
+    }
+    let t: f64 = s.parse().map_err(|_| "bad timestamp")?;
+    let ns = t * ns_per_unit as f64;
     if ns.is_nan() || ns < 0.0 {
         Err("bad timestamp")
     } else if ns > MAX_TIME_NS as f64 {

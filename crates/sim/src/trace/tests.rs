@@ -387,3 +387,39 @@ fn zero_length_requests_are_skipped_by_every_parser() {
         "{e}"
     );
 }
+
+/// Timestamps are read exactly: at an epoch-microsecond origin an f64 keeps only ~0.25 us,
+/// and two requests 1.1 us apart were replayed 1.024 us apart.
+#[test]
+fn timestamps_keep_their_digits_at_a_large_origin() {
+    let a = parse_time("1700000000000000.0", 1_000).unwrap();
+    let b = parse_time("1700000000000001.1", 1_000).unwrap();
+    assert_eq!(b - a, 1_100);
+    assert_eq!(
+        parse_time("0.0004", 1_000),
+        Ok(0),
+        "rounds to the nearest ns"
+    );
+    assert_eq!(parse_time("0.0005", 1_000), Ok(1));
+    assert_eq!(
+        parse_time(" 12.345678901 ", 1_000_000_000),
+        Ok(12_345_678_901)
+    );
+    assert_eq!(parse_time("7.", 1_000), Ok(7_000));
+    assert_eq!(
+        parse_time("1e3", 1_000),
+        Ok(1_000_000),
+        "other f64 forms still parse"
+    );
+    assert_eq!(parse_time("-1", 1_000), Err("bad timestamp"));
+    assert_eq!(parse_time("1.2.3", 1_000), Err("bad timestamp"));
+    assert_eq!(parse_time("inf", 1_000), Err("timestamp too large"));
+    assert_eq!(
+        parse_time("18000000000000000.001", 1_000),
+        Err("timestamp too large")
+    );
+    assert_eq!(
+        parse_time(&"9".repeat(60), 1_000),
+        Err("timestamp too large")
+    );
+}
