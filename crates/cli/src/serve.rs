@@ -814,14 +814,20 @@ fn spawn_cleaner(
         .expect("spawning the cleaner thread")
 }
 
-/// The background scrub: every `interval` (the first after one interval), a scrub at `rate`
-/// bytes per second that repairs what it can; its report shows in `flashpool status`. The
-/// thread ends with the process.
+/// The background scrub: every `interval` (the first after one interval, or at once when the
+/// pool opened members one superblock generation behind: `Pool::unverified_members`), a
+/// scrub at `rate` bytes per second that repairs what it can; its report shows in
+/// `flashpool status`. The thread ends with the process.
 fn spawn_scrubber(pool: Arc<flashpool_engine::Pool>, interval: std::time::Duration, rate: u64) {
     let spawned = std::thread::Builder::new()
         .name("scrubber".into())
         .spawn(move || loop {
-            std::thread::sleep(interval);
+            let behind = pool.unverified_members();
+            if behind.is_empty() {
+                std::thread::sleep(interval);
+            } else {
+                tracing::info!(members = ?behind, "scrubbing now to check members opened one generation behind");
+            }
             match pool.scrub(true, Some(rate)) {
                 Ok(r) if !r.unrecoverable.is_empty() => tracing::error!(
                     blocks = r.unrecoverable.len(),
@@ -832,7 +838,13 @@ fn spawn_scrubber(pool: Arc<flashpool_engine::Pool>, interval: std::time::Durati
                     repaired = r.segments_repaired,
                     "background scrub done"
                 ),
-                Err(e) => tracing::warn!(error = %e, "background scrub failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "background scrub failed");
+                    if !behind.is_empty() {
+                        // Not at once again (a read-only pool cannot repair): in a minute.
+                        std::thread::sleep(interval.min(std::time::Duration::from_secs(60)));
+                    }
+                }
             }
         });
     if let Err(e) = spawned {

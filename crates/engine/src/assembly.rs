@@ -82,6 +82,11 @@ pub struct Assembly {
     pub slots: Vec<Option<DriveRef>>,
     /// Drives presented that are not members, with the reason.
     pub ignored: Vec<IgnoredDrive>,
+    /// Members taken whose superblock was one generation behind the newest. A crash while
+    /// the superblocks were written leaves such a member with all its data, but so does a
+    /// copy of the drive taken during the last checkpoint interval and put back, which lacks
+    /// the chunks written since: nothing at open tells the two apart, so a scrub checks them.
+    pub behind: Vec<usize>,
 }
 
 /// A UUID in its usual text form.
@@ -341,9 +346,19 @@ pub fn assemble(drives: Vec<DriveRef>, expect: Option<[u8; 16]>) -> Result<Assem
             }
         }
     }
+    let behind = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| {
+            s.as_ref()
+                .is_some_and(|(sb, _)| sb.generation < newest.generation)
+        })
+        .map(|(i, _)| i)
+        .collect();
     Ok(Assembly {
         newest,
         slots: slots.into_iter().map(|s| s.map(|(_, d)| d)).collect(),
         ignored,
+        behind,
     })
 }

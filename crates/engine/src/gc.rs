@@ -196,18 +196,99 @@ impl Inner {
         let shards = self.read_stripe(desc, None)?;
         for (v, lba, chunk, offset, len, flags, crc, expected) in live {
             let bytes = &shards[chunk][offset..offset + len];
-            self.logged_in(Stream::Gc, urgent, |open| {
-                if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
-                    return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
-                }
-                let moved = self.append_mapped(open, &v, lba, bytes, crc, flags, Some(expected));
-                if moved.is_some() {
-                    Stats::add(&self.stats.gc_relocated_bytes, len as u64);
-                }
-                Ok(moved)
-            })?;
+            self.move_block(&v, lba, bytes, crc, flags, expected, urgent)?;
         }
         Ok(())
+    }
+
+    /// Re-appends one block (its stored bytes) in the GC stream, unless the map moved on from
+    /// `expected` meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn move_block(
+        &self,
+        v: &crate::pool::VolumeState,
+        lba: u64,
+        bytes: &[u8],
+        crc: u32,
+        flags: u8,
+        expected: u64,
+        urgent: bool,
+    ) -> Result<()> {
+        self.logged_in(Stream::Gc, urgent, |open| {
+            if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
+                return Ok(Some(())); // overwritten, trimmed or deleted meanwhile
+            }
+            let moved = self.append_mapped(open, v, lba, bytes, crc, flags, Some(expected));
+            if moved.is_some() {
+                Stats::add(&self.stats.gc_relocated_bytes, bytes.len() as u64);
+            }
+            Ok(moved)
+        })
+    }
+
+    /// For a stripe parity cannot recover: moves every live block whose own bytes still read
+    /// and check on their drive (a chunk fails its CRC when any byte of it rotted, but each
+    /// block has its own CRC), so only the blocks really lost stay behind. Returns how many
+    /// stayed, by (volume id, block).
+    fn salvage_stripe(
+        &self,
+        desc: &crate::scan::StripeDesc,
+        urgent: bool,
+    ) -> Result<Vec<(u32, u64)>> {
+        let mut left = Vec::new();
+        let Some(records) = &desc.records else {
+            return Ok(left);
+        };
+        for r in records {
+            let Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                flags,
+                crc,
+                ..
+            } = *r
+            else {
+                continue;
+            };
+            let (Some(c), Some(v)) = (desc.chunks.get(chunk as usize), self.volume_by_id(vol))
+            else {
+                continue;
+            };
+            let expected = Entry::in_chunk(c, offset, len, crc).encode();
+            if v.map.get(lba) != expected {
+                continue;
+            }
+            // The block's bytes, read with the 4 KiB alignment direct I/O needs (compressed
+            // blocks are packed at 32 bytes).
+            let start = c.data_offset() + offset as u64;
+            let first = start & !(crate::format::BLOCK as u64 - 1);
+            let end = (start + len as u64).next_multiple_of(crate::format::BLOCK as u64);
+            let mut buf = crate::aligned::AlignedBuf::zeroed((end - first) as usize);
+            let at = (start - first) as usize;
+            let intact = self
+                .drives
+                .get(c.drive as usize)
+                .and_then(|d| d.usable())
+                .is_some_and(|d| d.read_at(first, &mut buf).is_ok())
+                && crate::crc::checksum(&buf[at..at + len as usize]) == crc;
+            if intact {
+                self.move_block(
+                    &v,
+                    lba,
+                    &buf[at..at + len as usize],
+                    crc,
+                    flags,
+                    expected,
+                    urgent,
+                )?;
+            } else {
+                left.push((vol, lba));
+            }
+        }
+        Ok(left)
     }
 
     /// Moves every live block out of segment `seg`; marks it Reclaimed when none is left.
@@ -215,7 +296,11 @@ impl Inner {
     /// moves into narrower stripes may take more room than they free.
     /// The caller holds the cleaner's lock and found the segment Used under it (so it stays
     /// Used: only the cleaner moves a segment on from there).
-    pub(crate) fn clean_segment(&self, seg: u32, urgent: bool) -> Result<bool> {
+    /// `lost_ok`: a stripe parity cannot recover (unreadable beyond its parity) is left where
+    /// it is, with its live blocks, and the rest is moved (a repair: everything that can be
+    /// saved is, and the segment stays in use holding what cannot); otherwise it fails the
+    /// call (a cleaner cannot free such a segment anyway).
+    pub(crate) fn clean_segment(&self, seg: u32, urgent: bool, lost_ok: bool) -> Result<bool> {
         let state = self.writer.lock().segs.states[seg as usize];
         debug_assert!(
             state == SegState::Used,
@@ -229,8 +314,23 @@ impl Inner {
             return Ok(true);
         }
         let stripes = self.scan_segment(seg, true);
+        // Blocks of stripes parity cannot recover that stay (with `lost_ok`).
+        let mut lost = std::collections::HashSet::new();
         for desc in stripes.values() {
-            self.relocate_stripe(desc, urgent)?;
+            match self.relocate_stripe(desc, urgent) {
+                Err(Error::Unavailable(why)) if lost_ok => {
+                    let left = self.salvage_stripe(desc, urgent)?;
+                    tracing::warn!(
+                        segment = seg,
+                        seq = desc.seq,
+                        %why,
+                        blocks_left = left.len(),
+                        "stripe parity cannot recover: its intact blocks moved, the lost ones left"
+                    );
+                    lost.extend(left);
+                }
+                r => r?,
+            }
         }
         // What a recovery may need from the segment's stripes besides the blocks just moved:
         // `reuse` logs it again to free the segment without a checkpoint.
@@ -254,8 +354,9 @@ impl Inner {
         self.reclaimed_records.lock().insert(seg, kept);
         if self.live[seg as usize].load(Ordering::Relaxed) != 0 {
             // Some stripe's records could not be read (every full header copy sits on a drive
-            // that is lost, or behind a torn chunk): find the blocks from the maps instead.
-            self.relocate_by_map(seg, urgent)?;
+            // that is lost, or behind a torn chunk, or rotted): find the blocks from the maps
+            // instead, past those already known lost.
+            self.relocate_by_map(seg, urgent, &lost, lost_ok)?;
         }
         let left = self.live[seg as usize].load(Ordering::Relaxed);
         let mut w = self.writer.lock();
@@ -316,7 +417,15 @@ impl Inner {
     /// Re-appends every block whose map entry points into segment `seg`, read through the
     /// normal read path (reconstructing as needed). Slower than `relocate_stripe` (it walks
     /// every map), for the rare segment whose stripe records are unreadable.
-    fn relocate_by_map(&self, seg: u32, urgent: bool) -> Result<()> {
+    /// Blocks in `lost` are skipped; with `lost_ok` so is a block that does not read (parity
+    /// cannot recover it), where it would fail the call otherwise.
+    fn relocate_by_map(
+        &self,
+        seg: u32,
+        urgent: bool,
+        lost: &std::collections::HashSet<(u32, u64)>,
+        lost_ok: bool,
+    ) -> Result<()> {
         let vols: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
         for v in vols {
             let mut found = Vec::new();
@@ -331,10 +440,13 @@ impl Inner {
             });
             let mut block = vec![0u8; crate::format::BLOCK];
             for (lba, expected) in found {
-                if v.map.get(lba) != expected {
+                if v.map.get(lba) != expected || lost.contains(&(v.id, lba)) {
                     continue;
                 }
-                self.read_block(&v, lba, &mut block)?;
+                match self.read_block(&v, lba, &mut block) {
+                    Err(Error::Unavailable(_)) if lost_ok => continue,
+                    r => r?,
+                };
                 let crc = crate::crc::checksum(&block);
                 self.logged_in(Stream::Gc, urgent, |open| {
                     if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
@@ -376,7 +488,7 @@ impl Inner {
                 break;
             };
             tried += 1;
-            match self.clean_segment(victim, true) {
+            match self.clean_segment(victim, true, false) {
                 Ok(true) => cleaned += 1,
                 Ok(false) => {}
                 // Out of room for relocations: free what was cleaned, then stop.
@@ -521,7 +633,10 @@ mod tests {
         // The data stream opens a stripe (the lower sequence number)...
         vol.write(1500 * 4096, &block(7)).unwrap();
         // ...the cleaner moves block 0 into the GC stream (a higher one)...
-        assert!(inner.clean_segment(seg, true).unwrap(), "segment emptied");
+        assert!(
+            inner.clean_segment(seg, true, false).unwrap(),
+            "segment emptied"
+        );
         // ...and the host overwrites block 0 into the older, still open stripe.
         vol.write(0, &block(9)).unwrap();
         pool.flush().unwrap();

@@ -339,6 +339,9 @@ pub(crate) struct Inner {
     pub needs_repair: Mutex<BTreeSet<u32>>,
     /// What the last scrub found.
     pub last_scrub: Mutex<Option<crate::scrub::ScrubReport>>,
+    /// Members opened one superblock generation behind, until a repairing scrub has checked
+    /// them ([`Pool::unverified_members`]).
+    pub unverified: Mutex<BTreeSet<usize>>,
     /// A stripe was lost because the filesystem under the drive files filled up: hosts get
     /// ENOSPC (not a drive failure) from then on.
     pub host_full: AtomicBool,
@@ -511,6 +514,7 @@ impl Inner {
             near_limit: AtomicBool::new(false),
             needs_repair: Mutex::new(BTreeSet::new()),
             last_scrub: Mutex::new(None),
+            unverified: Mutex::new(BTreeSet::new()),
             host_full: AtomicBool::new(false),
             stripe_queue: std::sync::OnceLock::new(),
             stamps: Default::default(),
@@ -1212,7 +1216,7 @@ impl Pool {
         // A pool short of members cannot write until the member is back: move them after.
         let short = self.inner.short_of_members.load(Ordering::SeqCst);
         if !missed.is_empty() && !short {
-            if let Err(e) = self.inner.relocate_segments(&missed) {
+            if let Err(e) = self.inner.relocate_segments(&missed, false) {
                 slot.missed.lock().extend(missed);
                 return Err(e);
             }
@@ -1235,7 +1239,7 @@ impl Pool {
         if !missed.is_empty() && short {
             // Until they move, a read of their chunk on this member finds the stale copy by
             // its CRC and rebuilds the block from the others.
-            self.inner.relocate_segments(&missed)?;
+            self.inner.relocate_segments(&missed, false)?;
         }
         self.sync_member_states()
     }

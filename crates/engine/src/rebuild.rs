@@ -101,7 +101,7 @@ impl Inner {
             let s = *seg as usize;
             let needed =
                 |t: &SegmentTable| t.states[s] == SegState::Used && t.drives_used[s] & lost != 0;
-            if !self.move_out(*seg, needed)? {
+            if !self.move_out(*seg, needed, false)? {
                 return Err(crate::error::Error::Unavailable(format!(
                     "rebuild: segment {seg} still holds live data that could not be moved; lost drives stay in the pool"
                 )));
@@ -211,28 +211,36 @@ impl Inner {
     /// emptied the segment, and the cleaner's stream may have taken it again once freed
     /// (relocating out of the segment a stream appends to would move its blocks into itself).
     /// False when the segment was needed and still holds live data after the move.
-    fn move_out(&self, seg: u32, needed: impl Fn(&SegmentTable) -> bool) -> Result<bool> {
+    /// `lost_ok` as for [`Inner::clean_segment`].
+    fn move_out(
+        &self,
+        seg: u32,
+        needed: impl Fn(&SegmentTable) -> bool,
+        lost_ok: bool,
+    ) -> Result<bool> {
         if self.room_low() {
             self.gc_foreground()?;
         }
         let _cleaner = self.gc_lock.lock();
         let needed = needed(&self.writer.lock().segs);
         Ok(!needed
-            || self.clean_segment(seg, false)?
+            || self.clean_segment(seg, false, lost_ok)?
             || self.live[seg as usize].load(Ordering::Relaxed) == 0)
     }
 
     /// Moves the live data of `segments` (those still holding data) into new stripes on the
     /// members in service, then checkpoints so the emptied segments are free and no
-    /// checkpoint refers to their stripes.
+    /// checkpoint refers to their stripes. `lost_ok` (a repair): stripes parity cannot
+    /// recover stay where they are and the rest moves, instead of failing the call.
     pub(crate) fn relocate_segments(
         &self,
         segments: &std::collections::BTreeSet<u32>,
+        lost_ok: bool,
     ) -> Result<()> {
         let _one_rebuild = self.rebuild_lock.lock();
         self.close_open_segments()?;
         for &seg in segments {
-            self.move_out(seg, |t| t.states[seg as usize] == SegState::Used)?;
+            self.move_out(seg, |t| t.states[seg as usize] == SegState::Used, lost_ok)?;
         }
         self.checkpoint()
     }

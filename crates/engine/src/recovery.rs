@@ -96,7 +96,15 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
         newest,
         slots,
         ignored,
+        behind,
     } = a;
+    for &i in &behind {
+        tracing::warn!(
+            member = i,
+            "member's superblock is one generation behind the pool's (a crash while superblocks \
+             were written, or an old copy of the drive put back): a scrub checks its chunks"
+        );
+    }
     let geo = newest.geometry.clone();
     let state = |i: usize| newest.member_state.get(i).copied().unwrap_or(MEMBER_ACTIVE);
     let drive_slots = slots
@@ -117,6 +125,7 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
         opts.checkpoint_interval,
     )?;
     *inner.ignored.lock() = ignored;
+    inner.unverified.lock().extend(behind);
     let started = std::time::Instant::now();
     let (space_known, stamped) = inner.load_checkpoint()?;
     let (replayed, repair) = if stamped {

@@ -125,9 +125,15 @@ impl Inner {
         let mut damaged = BTreeSet::new();
         for seg in segments {
             rep.segments_checked += 1;
-            let mut lost_here = false;
             let mut bad_here = false;
-            for desc in self.scan_segment(seg, true).values() {
+            let stripes = self.scan_segment(seg, true);
+            // Stripes of an earlier fill of the segment (left where a drive ignores discards,
+            // as allocated drive files do, and found where a walk steps past the newest fill's
+            // end onto them) hold nothing live, and the newest fill wrote over parts of their
+            // chunks: checking them found "bad chunks" on undamaged drives. Every stripe names
+            // its fill's first; the newest fill's is the highest (as the cleaner filters).
+            let fill_start = stripes.values().map(|d| d.fill_start).max().unwrap_or(0);
+            for desc in stripes.values().filter(|d| d.seq >= fill_start) {
                 // Stripes still on their way to the drives (in an open segment) are not
                 // checked yet: their chunks may not all be written.
                 if desc.kind != StripeKind::Data || self.done.lock().inflight.contains(&desc.seq) {
@@ -142,7 +148,6 @@ impl Inner {
                 rep.bad_chunks += bad.len() as u64;
                 bad_here = true;
                 if self.read_stripe(desc, None).is_err() {
-                    lost_here = true;
                     // Every chunk not readable now: the bad ones and those on members out of
                     // service.
                     let n = desc.w + desc.m;
@@ -165,7 +170,9 @@ impl Inner {
                     rep.unrecoverable.extend(blocks.into_iter().take(room));
                 }
             }
-            if bad_here && !lost_here {
+            // A segment holding a stripe parity cannot recover is repaired too: everything
+            // else in it moves (rot in its other stripes included), the lost stripe stays.
+            if bad_here {
                 damaged.insert(seg);
             }
             if let Some(r) = rate.filter(|r| *r > 0) {
@@ -176,7 +183,7 @@ impl Inner {
             }
         }
         if repair && !damaged.is_empty() {
-            self.relocate_segments(&damaged)?;
+            self.relocate_segments(&damaged, true)?;
             rep.segments_repaired = damaged.len() as u64;
             Stats::add(&self.stats.repaired_segments, damaged.len() as u64);
         }
@@ -196,9 +203,25 @@ impl Pool {
     /// Reads and checks every stripe holding live data; with `repair`, moves the live data of
     /// every damaged segment that parity can recover. `rate`: bytes per second at most.
     pub fn scrub(&self, repair: bool, rate: Option<u64>) -> Result<ScrubReport> {
+        let checking: Vec<usize> = self.inner.unverified.lock().iter().copied().collect();
         let r = self.inner.scrub(repair, rate)?;
+        if repair {
+            // Every chunk on them checked and what was missing repaired.
+            self.inner
+                .unverified
+                .lock()
+                .retain(|m| !checking.contains(m));
+        }
         *self.inner.last_scrub.lock() = Some(r.clone());
         Ok(r)
+    }
+
+    /// Members opened one superblock generation behind the pool's, not yet checked by a
+    /// repairing scrub: a crash while superblocks were written leaves such a member whole, an
+    /// old copy of the drive put back does not (it lacks the chunks written since), and only
+    /// reading its chunks tells. A server scrubs at once when there are any.
+    pub fn unverified_members(&self) -> Vec<usize> {
+        self.inner.unverified.lock().iter().copied().collect()
     }
 
     /// The report of the last scrub this process ran.
@@ -222,10 +245,13 @@ impl Pool {
                 .filter(|&s| matches!(w.segs.states[s as usize], SegState::Used | SegState::Open))
                 .collect()
         };
-        if let Err(e) = inner.relocate_segments(&segs) {
+        if let Err(e) = inner.relocate_segments(&segs, true) {
             inner.needs_repair.lock().extend(pending);
             return Err(e);
         }
+        // Everything readable in them moved; what is left is lost, and the repair's own reads
+        // of it queued them again: done with them.
+        inner.needs_repair.lock().retain(|s| !segs.contains(s));
         Stats::add(&inner.stats.repaired_segments, segs.len() as u64);
         tracing::info!(
             segments = segs.len(),
