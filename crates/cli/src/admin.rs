@@ -170,6 +170,7 @@ pub fn status_json(
         },
         "scrub": pool.last_scrub().map(|r| crate::scrub::report_json(&r)),
         "repairs_pending": pool.repairs_pending(),
+        "unverified_members": pool.unverified_members(),
         "counters": stats.fields().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }

@@ -59,6 +59,19 @@ pub fn run(a: StatusArgs) -> Result<()> {
         "protection: {}",
         v["protection"]["summary"].as_str().unwrap_or("")
     );
+    let unverified: Vec<String> = v["unverified_members"]
+        .as_array()
+        .map(|a| a.iter().map(|m| m.to_string()).collect())
+        .unwrap_or_default();
+    if !unverified.is_empty() {
+        println!(
+            "UNVERIFIED: member(s) {} opened one superblock generation behind (a crash while \
+             superblocks were written, or an old copy of the drive put back): until a scrub has \
+             checked them they may lack recent writes (a server scrubs at once; offline: \
+             `flashpool scrub`)",
+            unverified.join(", ")
+        );
+    }
     if let Some(limit) = p["live_limit_bytes"].as_u64() {
         let live = p["live_bytes"].as_u64().unwrap_or(0);
         if live <= limit {
