@@ -632,7 +632,11 @@ fn config_file_settings_flags_and_errors() {
             2,
             &["0..=87600"][..],
         ),
-        ("data = \"never\"\ndrives = 65\n", 2, &["1..=64"][..]),
+        (
+            "data = \"never\"\ndrives = 65\n",
+            2,
+            &["1 to 64 drives"][..],
+        ),
         (
             "data = \"never\"\nsearch = [\"/dev/[\"]\n",
             2,
