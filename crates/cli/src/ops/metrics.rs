@@ -55,7 +55,12 @@ pub struct Metrics {
     pool: Arc<Pool>,
     controls: Arc<Controls>,
     started: Instant,
+    /// The kernel's I/O counters of a member at a path ([`block_stat`]; tests stand in).
+    block_stat: BlockStat,
 }
+
+/// Reads the kernel's I/O counters of the member at a path, if it is a block device.
+type BlockStat = fn(&str) -> Option<[u64; 7]>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -115,6 +120,7 @@ impl Metrics {
             pool,
             controls,
             started: Instant::now(),
+            block_stat,
         })
     }
 
@@ -130,7 +136,12 @@ impl Metrics {
     pub fn render(&self) -> prometheus::Result<String> {
         self.prune();
         let mut families = self.registry.gather();
-        families.extend(pool_families(&self.pool, &self.controls, self.started));
+        families.extend(pool_families(
+            &self.pool,
+            &self.controls,
+            self.started,
+            self.block_stat,
+        ));
         // A family without series (no member failed) is left out: the format has no empty
         // families. Series in label order, so the page reads the same at every scrape.
         families.retain(|f| !f.get_metric().is_empty());
@@ -492,8 +503,13 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("compressed_stored_bytes", "Stored bytes of the compressed blocks (4096 logical bytes each)."),
 ];
 
-/// Every pool-side metric family, read now.
-pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<MetricFamily> {
+/// Every pool-side metric family, read now (`block_stat`: the kernel's counters of a member).
+fn pool_families(
+    pool: &Pool,
+    controls: &Controls,
+    started: Instant,
+    block_stat: BlockStat,
+) -> Vec<MetricFamily> {
     let mut f = Families::default();
     let stats = pool.stats();
     let info = pool.info();
@@ -697,7 +713,7 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
         "Parity chunks per stripe.",
         info.m as f64,
     );
-    drive_io(&mut f, &drives, &index);
+    drive_io(&mut f, &drives, &index, block_stat);
 
     // Rebuild.
     let rb = pool.rebuild_status();
@@ -802,8 +818,15 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
 }
 
 /// The kernel's I/O counters (`/sys/class/block/NAME/stat`) of members that are block
-/// devices: the device's own counts, whatever else uses it. File drives have none.
-fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &[String]) {
+/// devices: the device's own counts, whatever else uses it. File drives have none. Named
+/// `flashpool_drive_io_*` where the engine's pool-wide counters would share a name
+/// (`flashpool_drive_writes_total` is the engine's: one name is one family).
+fn drive_io(
+    f: &mut Families,
+    drives: &[flashpool_engine::DriveStatus],
+    index: &[String],
+    block_stat: BlockStat,
+) {
     // (drive index, [reads, sectors read, ms reading, writes, sectors written, ms writing, ms busy])
     let mut rows: Vec<(&str, [u64; 7])> = Vec::new();
     for (d, i) in drives.iter().zip(index) {
@@ -820,7 +843,7 @@ fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &
             .map(move |(i, s)| (vec![*i], s[c] as f64 / 1000.0))
     };
     f.counter_vec(
-        "flashpool_drive_reads_total",
+        "flashpool_drive_io_reads_total",
         "Reads the block device completed (kernel counter).",
         &["drive"],
         col(0),
@@ -832,7 +855,7 @@ fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &
         rows.iter().map(|(i, s)| (vec![*i], s[1] * 512)),
     );
     f.counter_vec(
-        "flashpool_drive_writes_total",
+        "flashpool_drive_io_writes_total",
         "Writes the block device completed (kernel counter).",
         &["drive"],
         col(3),
@@ -893,13 +916,13 @@ fn block_stat(path: &str) -> Option<[u64; 7]> {
 mod tests {
     use super::*;
 
-    /// A counted volume of a file-drive pool keeps its read queue (the fast read path, as
-    /// without metrics), and the reads through it are counted.
-    #[test]
-    fn counted_exports_keep_the_read_queue_and_count_its_reads() {
+    /// A 4+1 pool of five 64 MiB file drives under a new directory `tag` of the temp dir,
+    /// with a 16 MiB volume `default`; the directory, to remove.
+    fn file_pool(tag: &str) -> (Arc<Pool>, std::path::PathBuf) {
         use flashpool_engine::drive::{DriveRef, FileDrive};
         use flashpool_engine::{Compression, PoolConfig};
-        let dir = std::env::temp_dir().join(format!("fp-metrics-rq-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("fp-metrics-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let drives: Vec<DriveRef> = (0..5)
             .map(|i| {
@@ -917,6 +940,43 @@ mod tests {
         let pool = Arc::new(Pool::create(drives, &cfg).unwrap());
         pool.create_volume_with("default", 16 << 20, Compression::Off)
             .unwrap();
+        (pool, dir)
+    }
+
+    /// With members that are block devices (the kernel's counters present), every family
+    /// has one name of its own: two families under one name (the engine's pool-wide
+    /// `drive_writes` and the kernel's per drive once did) is a page `promtool check
+    /// metrics` refuses ("second HELP line") and queries that get the other's series.
+    #[test]
+    fn block_device_members_add_no_second_family_of_a_name() {
+        let (pool, dir) = file_pool("names");
+        let mut m = Metrics::new(pool, Arc::new(Controls::default())).unwrap();
+        m.block_stat = |_| Some([1, 2, 3, 4, 5, 6, 7]);
+        let _counted = m.exports().get("").unwrap();
+        let page = m.render().unwrap();
+        for kind in ["# HELP ", "# TYPE "] {
+            let mut seen = BTreeSet::new();
+            for line in page.lines().filter_map(|l| l.strip_prefix(kind)) {
+                let name = line.split(' ').next().unwrap();
+                assert!(seen.insert(name), "a second {kind}line for {name}");
+            }
+        }
+        for series in [
+            r#"flashpool_drive_io_reads_total{drive="4"} 1"#,
+            r#"flashpool_drive_io_writes_total{drive="4"} 4"#,
+            r#"flashpool_drive_busy_time_seconds_total{drive="4"} 0.007"#,
+            "flashpool_drive_writes_total ",
+        ] {
+            assert!(page.contains(series), "{series} missing: {page}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A counted volume of a file-drive pool keeps its read queue (the fast read path, as
+    /// without metrics), and the reads through it are counted.
+    #[test]
+    fn counted_exports_keep_the_read_queue_and_count_its_reads() {
+        let (pool, dir) = file_pool("rq");
         let vol = pool.volume("default").unwrap();
         let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
         vol.write(0, &data).unwrap();
