@@ -11,6 +11,7 @@
 mod common;
 
 use common::{flashpool, s, Nbd, Server, TempDir};
+use flashpool_nbd::proto;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -254,6 +255,71 @@ fn metrics_move_by_what_a_client_wrote() {
         404,
         "no API without a token file"
     );
+    srv.stop();
+}
+
+/// A read is one request with the bytes it covered, however the NBD layer answers it: a
+/// structured read wholly in a hole reads nothing from the volume (one hole chunk), and one
+/// over data, hole, data reads the two data extents apart; each still counts once with its
+/// full length (the counters once sat below the NBD layer: the first read was not counted,
+/// the second counted twice with only its data bytes).
+#[test]
+fn reads_over_holes_count_once_with_their_length() {
+    let tmp = TempDir::new("ops", "holes");
+    let srv = Server::start(&tmp.0.join("data"), &["--metrics", "127.0.0.1:0"]);
+    const K64: u64 = 64 << 10;
+    let mut c = Nbd::connect_structured(&srv.nbd, "default").unwrap();
+    c.write(0, &block(1, K64 as usize));
+    c.write(2 * K64, &block(2, K64 as usize));
+    c.flush();
+    let reads = |m: &Metrics| {
+        (
+            m.vol("flashpool_volume_requests_total", "default", "read"),
+            m.vol("flashpool_volume_bytes_total", "default", "read"),
+            m.vol(
+                "flashpool_volume_request_duration_seconds_count",
+                "default",
+                "read",
+            ),
+        )
+    };
+    assert_eq!(reads(&srv.metrics()), (0.0, 0.0, 0.0));
+
+    let (data, kinds) = c.read_structured(16 * K64, K64 as u32);
+    assert_eq!(data, vec![0; K64 as usize]);
+    assert_eq!(kinds, [proto::REPLY_TYPE_OFFSET_HOLE], "answered as a hole");
+    assert_eq!(
+        reads(&srv.metrics()),
+        (1.0, K64 as f64, 1.0),
+        "a read of a hole"
+    );
+
+    let (data, kinds) = c.read_structured(0, 3 * K64 as u32);
+    let mut want = block(1, K64 as usize);
+    want.extend(vec![0; K64 as usize]);
+    want.extend(block(2, K64 as usize));
+    assert!(data == want, "data, hole, data read back");
+    assert!(
+        kinds.contains(&proto::REPLY_TYPE_OFFSET_HOLE)
+            && kinds
+                .iter()
+                .filter(|k| **k == proto::REPLY_TYPE_OFFSET_DATA)
+                .count()
+                == 2,
+        "answered in data and hole chunks: {kinds:?}"
+    );
+    assert_eq!(
+        reads(&srv.metrics()),
+        (2.0, (4 * K64) as f64, 2.0),
+        "and a read of data, hole, data"
+    );
+
+    // A simple-reply read (one export read) counts the same.
+    let mut plain = Nbd::connect(&srv.nbd, "default").unwrap();
+    assert_eq!(plain.read(K64, K64 as u32), vec![0; K64 as usize]);
+    assert_eq!(reads(&srv.metrics()), (3.0, (5 * K64) as f64, 3.0));
+    plain.disconnect();
+    c.disconnect();
     srv.stop();
 }
 
