@@ -784,6 +784,41 @@ fn systemd_units_verify() {
         assert!(unit.contains(want), "flashpool.service lacks {want}");
     }
     assert!(socket.contains("ListenStream="));
+    // Under DynamicUser= the service cannot read root's mode-600 secrets in /etc/flashpool:
+    // every secret the example config names is a credential's copy, and the unit loads it.
+    const CREDS: &str = "/run/credentials/flashpool.service";
+    let example_text = std::fs::read_to_string(root.join("deploy/flashpool.toml")).unwrap();
+    let mut secrets = 0;
+    for key in [
+        "api-token-file",
+        "tls-psk",
+        "tls-certificates",
+        "nvme-dhchap-secret",
+        "nvme-tls-psk",
+    ] {
+        let at = format!("{key} = \"");
+        let line = example_text
+            .lines()
+            .find(|l| l.trim_start_matches('#').starts_with(&at))
+            .unwrap_or_else(|| panic!("deploy/flashpool.toml shows no {key}"));
+        let value = line.split('"').nth(1).unwrap();
+        let id = value
+            .strip_prefix(CREDS)
+            .unwrap_or_else(|| panic!("{key} = {value:?} is not under {CREDS}"));
+        // `tls-certificates` is the credentials directory, holding nbdkit's three names.
+        let ids = match id.strip_prefix('/') {
+            Some(id) => vec![id],
+            None => vec!["ca-cert.pem", "server-cert.pem", "server-key.pem"],
+        };
+        for id in ids {
+            assert!(
+                unit.contains(&format!("LoadCredential={id}:/etc/flashpool/")),
+                "flashpool.service loads no credential {id} ({key})"
+            );
+            secrets += 1;
+        }
+    }
+    assert_eq!(secrets, 7);
     // The example config is a valid config.
     let example = root.join("deploy/flashpool.toml");
     let tmp = TempDir::new("ops", "systemd");
@@ -824,20 +859,33 @@ fn systemd_units_verify() {
     )
     .unwrap();
     std::fs::write(tmp.0.join("flashpool.socket"), &socket).unwrap();
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(tmp.0.join("flashpool.socket"))
-        .arg(tmp.0.join("flashpool.service"))
-        .output()
-        .unwrap();
-    let err =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    // Only lines about our units count (the host's own units may have complaints of their own).
-    let ours: Vec<&str> = err.lines().filter(|l| l.contains("flashpool")).collect();
-    assert!(
-        out.status.success() && ours.is_empty(),
-        "systemd-analyze verify: {err}"
-    );
+    // As shipped, and with every commented credential loaded.
+    let loaded = tmp.0.join("loaded");
+    std::fs::create_dir_all(&loaded).unwrap();
+    std::fs::write(
+        loaded.join("flashpool.service"),
+        unit.replace("/usr/bin/flashpool", bin)
+            .replace("#LoadCredential=", "LoadCredential="),
+    )
+    .unwrap();
+    std::fs::write(loaded.join("flashpool.socket"), &socket).unwrap();
+    for dir in [&tmp.0, &loaded] {
+        let out = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(dir.join("flashpool.socket"))
+            .arg(dir.join("flashpool.service"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        // Only lines about our units count (the host's own units may have complaints).
+        let ours: Vec<&str> = err.lines().filter(|l| l.contains("flashpool")).collect();
+        assert!(
+            out.status.success() && ours.is_empty(),
+            "systemd-analyze verify {}: {err}",
+            dir.display()
+        );
+    }
 
     // The hardening set, as systemd scores it (0 best, 10 worst; 1.6 when written).
     let out = Command::new("systemd-analyze")
