@@ -355,6 +355,74 @@ fn dashboard_names_exported(scrape: &str) {
     assert!(n > 30, "{n} names in the dashboard");
 }
 
+/// The dashboard shows every series per server: sums keep `instance` and legends name it
+/// (per-volume panels once summed by volume and op alone, adding up the `default` volumes
+/// of every server); panel 10's media writes are the same counters as panel 9's `all`; an
+/// import input is one the panels use.
+#[test]
+fn dashboard_keeps_servers_apart() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dash = std::fs::read_to_string(root.join("../../deploy/grafana/flashpool.json")).unwrap();
+    let v = json(&dash);
+    let mut sums = 0;
+    let target = |id: u64, legend: &str| -> String {
+        let p = v["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap();
+        p["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["legendFormat"].as_str().unwrap_or("").starts_with(legend))
+            .unwrap_or_else(|| panic!("panel {id} has no {legend} series"))["expr"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for p in v["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let q = t["expr"].as_str().unwrap();
+            let what = format!("panel {} ({}): {q}", p["id"], p["title"]);
+            for (i, _) in q.match_indices(" by (") {
+                let labels = &q[i + 5..i + 5 + q[i + 5..].find(')').unwrap()];
+                assert!(
+                    labels.split(',').any(|l| l.trim() == "instance"),
+                    "{what}: sums servers together"
+                );
+                sums += 1;
+            }
+            if let Some(legend) = t["legendFormat"].as_str() {
+                assert!(legend.contains("{{instance}}"), "{what}: legend {legend:?}");
+            }
+        }
+    }
+    assert!(sums >= 7, "{sums} sums");
+    let media = |q: &str| -> std::collections::BTreeSet<String> {
+        q.match_indices("flashpool_media_")
+            .map(|(i, _)| {
+                q[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect()
+    };
+    let all = target(9, "all");
+    let write = target(10, "media write");
+    assert_eq!(media(&write), media(&all), "{write} against {all}");
+    assert_eq!(media(&all).len(), 4, "{all}");
+    for input in v["__inputs"].as_array().into_iter().flatten() {
+        let name = input["name"].as_str().unwrap();
+        assert!(
+            dash.contains(&format!("${{{name}}}")),
+            "import input {name} is used by no panel"
+        );
+    }
+}
+
 const TOKEN: &str = "0123456789abcdef-test-token";
 
 fn token_file(dir: &Path) -> PathBuf {
