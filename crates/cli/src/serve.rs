@@ -410,6 +410,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         if a.nvme_nqn.is_some() && a.nvme_tcp.is_none() {
             anyhow::bail!("nvme-nqn (--nvme-nqn) needs nvme-tcp (--nvme-tcp)");
         }
+        if a.nvme_dhchap_dhgroup.is_some() && a.nvme_dhchap_secret.is_none() {
+            anyhow::bail!(
+                "nvme-dhchap-dhgroup (--nvme-dhchap-dhgroup) needs nvme-dhchap-secret \
+                 (--nvme-dhchap-secret)"
+            );
+        }
         if (!a.nvme_allow_host.is_empty()
             || a.nvme_dhchap_secret.is_some()
             || a.nvme_tls != "off"

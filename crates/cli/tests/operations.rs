@@ -833,6 +833,24 @@ fn config_file_settings_flags_and_errors() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("exclude each other"));
     assert!(!bad_data.exists());
+    // A DH group without the secrets it is for (the flag needs --nvme-dhchap-secret): refused,
+    // not ignored.
+    std::fs::write(
+        &f,
+        "data = \"never\"\nnvme-dhchap-dhgroup = \"ffdhe2048\"\n",
+    )
+    .unwrap();
+    let out = flashpool(&["serve", "--config", s(&f), "--stdio"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a lone nvme-dhchap-dhgroup was accepted: {err}"
+    );
+    assert!(
+        err.contains("nvme-dhchap-dhgroup") && err.contains("needs nvme-dhchap-secret"),
+        "{err}"
+    );
+    assert!(!bad_data.exists());
 }
 
 #[test]
