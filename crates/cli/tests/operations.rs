@@ -782,6 +782,11 @@ fn config_file_settings_flags_and_errors() {
             &["size \"lots\""][..],
         ),
         (
+            "data = \"never\"\nvolume-size = 0\n",
+            2,
+            &["--volume-size", "volume size 0"][..],
+        ),
+        (
             "data = \"never\"\ntls = \"yes\"\n",
             2,
             &["off, on, require"][..],

@@ -106,8 +106,11 @@ fn drive_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> 
     custom(crate::size::check_drive_size(&given, n))
 }
 
+/// A size `--volume-size` takes (its parser refuses 0).
 fn volume_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    size(d, "volume-size").map(|(n, _)| Some(n))
+    let (n, _) = size(d, "volume-size")?;
+    flag_accepts("volume_size", &n.to_string()).map_err(serde::de::Error::custom)?;
+    Ok(Some(n))
 }
 
 fn ec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<(usize, usize)>, D::Error> {
@@ -487,6 +490,7 @@ mod tests {
             ("tls", &["\"off\"", "\"require\"", "\"maybe\""][..]),
             ("nvme-tls", &["\"on\"", "\"maybe\""][..]),
             ("rebuild-reserve", &["\"on\"", "\"off\"", "\"maybe\""][..]),
+            ("volume-size", &["0", "\"0\"", "\"0G\"", "1", "\"1G\""][..]),
         ] {
             for v in values {
                 let file = parse(&format!("{key} = {v}\n"));
@@ -517,6 +521,11 @@ mod tests {
             ("\ndrive-size = \"12Q\"\n", 2, &["suffix"][..]),
             ("tls = \"maybe\"\n", 1, &["off, on, require"][..]),
             ("ec = 4\n", 1, &["string"][..]),
+            (
+                "\nvolume-size = \"0M\"\n",
+                2,
+                &["--volume-size", "volume size 0"][..],
+            ),
             ("listen = \n", 1, &[][..]),
             ("metrics = \"nowhere:port\"\n", 1, &["metrics", "port"][..]),
             ("[serve]\nlisten = \"a:1\"\n", 1, &["serve"][..]),
