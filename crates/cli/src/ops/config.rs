@@ -3,7 +3,7 @@
 //! Flags given on the command line override the file (a list flag such as `--drive` replaces
 //! the file's list; a switch such as `--sparse` can only turn a setting on). Unknown keys and
 //! bad values are errors naming the file and the line. Relative paths in the file are taken
-//! from the file's directory.
+//! from the file's directory (`sim-drives` too when it names a file, not a preset).
 
 use crate::serve::ServeArgs;
 use anyhow::{Context, Result};
@@ -344,7 +344,14 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(drive_size, Some);
     set!(volume_size);
     switch!(memory);
-    set!(sim_drives, Some);
+    // A preset's name as it is; a file's path from the file's directory.
+    set!(sim_drives, |v: String| Some(
+        if flashpool_sim::presets::preset_text(&v).is_some() {
+            v
+        } else {
+            path(PathBuf::from(v)).to_string_lossy().into_owned()
+        }
+    ));
     set!(sim_timing);
     set!(rebuild_delay);
     set!(busy_poll_us);
@@ -424,6 +431,32 @@ mod tests {
         assert_eq!(a.rebuild_reserve, "off");
         assert_eq!(a.metrics.as_deref(), Some("9100"));
         assert_eq!(a.data, PathBuf::from("flashpool-data"), "default kept");
+    }
+
+    /// `sim-drives` is a preset's name or a simulator file's path; a relative path is the
+    /// config file's neighbour, as every path in it is.
+    #[test]
+    fn sim_drives_file_is_taken_from_the_files_directory() {
+        for (value, want) in [
+            ("ssd.toml", "/etc/fp/ssd.toml"),
+            ("sims/ssd.toml", "/etc/fp/sims/ssd.toml"),
+            ("/opt/ssd.toml", "/opt/ssd.toml"),
+            ("tlc", "tlc"),
+            ("small", "small"),
+        ] {
+            let f = parse(&format!("sim-drives = {value:?}\n")).unwrap();
+            let (mut a, given) = args(&[]);
+            apply(&mut a, f, &given, Path::new("/etc/fp"));
+            assert_eq!(a.sim_drives.as_deref(), Some(want), "{value}");
+        }
+        let f = parse("sim-drives = \"ssd.toml\"\n").unwrap();
+        let (mut a, given) = args(&["--sim-drives", "here.toml"]);
+        apply(&mut a, f, &given, Path::new("/etc/fp"));
+        assert_eq!(
+            a.sim_drives.as_deref(),
+            Some("here.toml"),
+            "the flag wins as given"
+        );
     }
 
     #[test]
