@@ -3,7 +3,7 @@
 
 use crate::datadir::{self, OpenRequest, PoolShape};
 use crate::export::PoolExports;
-use crate::size::{parse_drive_size, parse_ec, parse_size};
+use crate::size::{parse_drive_size, parse_ec, parse_volume_size};
 use anyhow::{Context, Result};
 use clap::Args;
 use flashpool_nbd::{Config, Server};
@@ -92,7 +92,7 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_drive_size)]
     pub drive_size: Option<u64>,
     /// Size of the `default` volume of a new pool (thin).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = parse_volume_size)]
     pub volume_size: u64,
     /// Memory drives instead of files (benchmarks; nothing survives exit). Their memory is
     /// taken and touched whole at start (drives x --drive-size: 5 GiB for the default shape),
@@ -409,6 +409,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }
         if a.nvme_nqn.is_some() && a.nvme_tcp.is_none() {
             anyhow::bail!("nvme-nqn (--nvme-nqn) needs nvme-tcp (--nvme-tcp)");
+        }
+        if a.nvme_dhchap_dhgroup.is_some() && a.nvme_dhchap_secret.is_none() {
+            anyhow::bail!(
+                "nvme-dhchap-dhgroup (--nvme-dhchap-dhgroup) needs nvme-dhchap-secret \
+                 (--nvme-dhchap-secret)"
+            );
         }
         if (!a.nvme_allow_host.is_empty()
             || a.nvme_dhchap_secret.is_some()

@@ -44,6 +44,16 @@ pub fn check_drive_size(given: &str, bytes: u64) -> Result<u64> {
     Ok(bytes)
 }
 
+/// Parses `--volume-size`: a size (`parse_size`) other than 0, refused before the data dir
+/// is made (the engine would refuse it only once the pool exists).
+pub fn parse_volume_size(s: &str) -> Result<u64> {
+    let n = parse_size(s)?;
+    if n == 0 {
+        bail!("volume size {s}: a volume holds at least one byte");
+    }
+    Ok(n)
+}
+
 /// Parses `K+M` protection, e.g. `4+1`.
 pub fn parse_ec(s: &str) -> Result<(usize, usize)> {
     let (k, m) = s

@@ -11,6 +11,7 @@
 mod common;
 
 use common::{flashpool, s, Nbd, Server, TempDir};
+use flashpool_nbd::proto;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -257,6 +258,71 @@ fn metrics_move_by_what_a_client_wrote() {
     srv.stop();
 }
 
+/// A read is one request with the bytes it covered, however the NBD layer answers it: a
+/// structured read wholly in a hole reads nothing from the volume (one hole chunk), and one
+/// over data, hole, data reads the two data extents apart; each still counts once with its
+/// full length (the counters once sat below the NBD layer: the first read was not counted,
+/// the second counted twice with only its data bytes).
+#[test]
+fn reads_over_holes_count_once_with_their_length() {
+    let tmp = TempDir::new("ops", "holes");
+    let srv = Server::start(&tmp.0.join("data"), &["--metrics", "127.0.0.1:0"]);
+    const K64: u64 = 64 << 10;
+    let mut c = Nbd::connect_structured(&srv.nbd, "default").unwrap();
+    c.write(0, &block(1, K64 as usize));
+    c.write(2 * K64, &block(2, K64 as usize));
+    c.flush();
+    let reads = |m: &Metrics| {
+        (
+            m.vol("flashpool_volume_requests_total", "default", "read"),
+            m.vol("flashpool_volume_bytes_total", "default", "read"),
+            m.vol(
+                "flashpool_volume_request_duration_seconds_count",
+                "default",
+                "read",
+            ),
+        )
+    };
+    assert_eq!(reads(&srv.metrics()), (0.0, 0.0, 0.0));
+
+    let (data, kinds) = c.read_structured(16 * K64, K64 as u32);
+    assert_eq!(data, vec![0; K64 as usize]);
+    assert_eq!(kinds, [proto::REPLY_TYPE_OFFSET_HOLE], "answered as a hole");
+    assert_eq!(
+        reads(&srv.metrics()),
+        (1.0, K64 as f64, 1.0),
+        "a read of a hole"
+    );
+
+    let (data, kinds) = c.read_structured(0, 3 * K64 as u32);
+    let mut want = block(1, K64 as usize);
+    want.extend(vec![0; K64 as usize]);
+    want.extend(block(2, K64 as usize));
+    assert!(data == want, "data, hole, data read back");
+    assert!(
+        kinds.contains(&proto::REPLY_TYPE_OFFSET_HOLE)
+            && kinds
+                .iter()
+                .filter(|k| **k == proto::REPLY_TYPE_OFFSET_DATA)
+                .count()
+                == 2,
+        "answered in data and hole chunks: {kinds:?}"
+    );
+    assert_eq!(
+        reads(&srv.metrics()),
+        (2.0, (4 * K64) as f64, 2.0),
+        "and a read of data, hole, data"
+    );
+
+    // A simple-reply read (one export read) counts the same.
+    let mut plain = Nbd::connect(&srv.nbd, "default").unwrap();
+    assert_eq!(plain.read(K64, K64 as u32), vec![0; K64 as usize]);
+    assert_eq!(reads(&srv.metrics()), (3.0, (5 * K64) as f64, 3.0));
+    plain.disconnect();
+    c.disconnect();
+    srv.stop();
+}
+
 /// Every flashpool metric the Grafana dashboard (deploy/grafana/flashpool.json) queries is
 /// in the scrape, or (block-device drive counters, shown only with such members) named in the
 /// metrics source.
@@ -287,6 +353,74 @@ fn dashboard_names_exported(scrape: &str) {
         }
     }
     assert!(n > 30, "{n} names in the dashboard");
+}
+
+/// The dashboard shows every series per server: sums keep `instance` and legends name it
+/// (per-volume panels once summed by volume and op alone, adding up the `default` volumes
+/// of every server); panel 10's media writes are the same counters as panel 9's `all`; an
+/// import input is one the panels use.
+#[test]
+fn dashboard_keeps_servers_apart() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dash = std::fs::read_to_string(root.join("../../deploy/grafana/flashpool.json")).unwrap();
+    let v = json(&dash);
+    let mut sums = 0;
+    let target = |id: u64, legend: &str| -> String {
+        let p = v["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap();
+        p["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["legendFormat"].as_str().unwrap_or("").starts_with(legend))
+            .unwrap_or_else(|| panic!("panel {id} has no {legend} series"))["expr"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for p in v["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let q = t["expr"].as_str().unwrap();
+            let what = format!("panel {} ({}): {q}", p["id"], p["title"]);
+            for (i, _) in q.match_indices(" by (") {
+                let labels = &q[i + 5..i + 5 + q[i + 5..].find(')').unwrap()];
+                assert!(
+                    labels.split(',').any(|l| l.trim() == "instance"),
+                    "{what}: sums servers together"
+                );
+                sums += 1;
+            }
+            if let Some(legend) = t["legendFormat"].as_str() {
+                assert!(legend.contains("{{instance}}"), "{what}: legend {legend:?}");
+            }
+        }
+    }
+    assert!(sums >= 7, "{sums} sums");
+    let media = |q: &str| -> std::collections::BTreeSet<String> {
+        q.match_indices("flashpool_media_")
+            .map(|(i, _)| {
+                q[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect()
+    };
+    let all = target(9, "all");
+    let write = target(10, "media write");
+    assert_eq!(media(&write), media(&all), "{write} against {all}");
+    assert_eq!(media(&all).len(), 4, "{all}");
+    for input in v["__inputs"].as_array().into_iter().flatten() {
+        let name = input["name"].as_str().unwrap();
+        assert!(
+            dash.contains(&format!("${{{name}}}")),
+            "import input {name} is used by no panel"
+        );
+    }
 }
 
 const TOKEN: &str = "0123456789abcdef-test-token";
@@ -632,7 +766,11 @@ fn config_file_settings_flags_and_errors() {
             2,
             &["0..=87600"][..],
         ),
-        ("data = \"never\"\ndrives = 65\n", 2, &["1..=64"][..]),
+        (
+            "data = \"never\"\ndrives = 65\n",
+            2,
+            &["1 to 64 drives"][..],
+        ),
         (
             "data = \"never\"\nsearch = [\"/dev/[\"]\n",
             2,
@@ -642,6 +780,11 @@ fn config_file_settings_flags_and_errors() {
             "data = \"never\"\nvolume-size = \"lots\"\n",
             2,
             &["size \"lots\""][..],
+        ),
+        (
+            "data = \"never\"\nvolume-size = 0\n",
+            2,
+            &["--volume-size", "volume size 0"][..],
         ),
         (
             "data = \"never\"\ntls = \"yes\"\n",
@@ -695,6 +838,24 @@ fn config_file_settings_flags_and_errors() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("exclude each other"));
     assert!(!bad_data.exists());
+    // A DH group without the secrets it is for (the flag needs --nvme-dhchap-secret): refused,
+    // not ignored.
+    std::fs::write(
+        &f,
+        "data = \"never\"\nnvme-dhchap-dhgroup = \"ffdhe2048\"\n",
+    )
+    .unwrap();
+    let out = flashpool(&["serve", "--config", s(&f), "--stdio"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a lone nvme-dhchap-dhgroup was accepted: {err}"
+    );
+    assert!(
+        err.contains("nvme-dhchap-dhgroup") && err.contains("needs nvme-dhchap-secret"),
+        "{err}"
+    );
+    assert!(!bad_data.exists());
 }
 
 #[test]
@@ -714,6 +875,41 @@ fn systemd_units_verify() {
         assert!(unit.contains(want), "flashpool.service lacks {want}");
     }
     assert!(socket.contains("ListenStream="));
+    // Under DynamicUser= the service cannot read root's mode-600 secrets in /etc/flashpool:
+    // every secret the example config names is a credential's copy, and the unit loads it.
+    const CREDS: &str = "/run/credentials/flashpool.service";
+    let example_text = std::fs::read_to_string(root.join("deploy/flashpool.toml")).unwrap();
+    let mut secrets = 0;
+    for key in [
+        "api-token-file",
+        "tls-psk",
+        "tls-certificates",
+        "nvme-dhchap-secret",
+        "nvme-tls-psk",
+    ] {
+        let at = format!("{key} = \"");
+        let line = example_text
+            .lines()
+            .find(|l| l.trim_start_matches('#').starts_with(&at))
+            .unwrap_or_else(|| panic!("deploy/flashpool.toml shows no {key}"));
+        let value = line.split('"').nth(1).unwrap();
+        let id = value
+            .strip_prefix(CREDS)
+            .unwrap_or_else(|| panic!("{key} = {value:?} is not under {CREDS}"));
+        // `tls-certificates` is the credentials directory, holding nbdkit's three names.
+        let ids = match id.strip_prefix('/') {
+            Some(id) => vec![id],
+            None => vec!["ca-cert.pem", "server-cert.pem", "server-key.pem"],
+        };
+        for id in ids {
+            assert!(
+                unit.contains(&format!("LoadCredential={id}:/etc/flashpool/")),
+                "flashpool.service loads no credential {id} ({key})"
+            );
+            secrets += 1;
+        }
+    }
+    assert_eq!(secrets, 7);
     // The example config is a valid config.
     let example = root.join("deploy/flashpool.toml");
     let tmp = TempDir::new("ops", "systemd");
@@ -754,20 +950,33 @@ fn systemd_units_verify() {
     )
     .unwrap();
     std::fs::write(tmp.0.join("flashpool.socket"), &socket).unwrap();
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "--man=no"])
-        .arg(tmp.0.join("flashpool.socket"))
-        .arg(tmp.0.join("flashpool.service"))
-        .output()
-        .unwrap();
-    let err =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    // Only lines about our units count (the host's own units may have complaints of their own).
-    let ours: Vec<&str> = err.lines().filter(|l| l.contains("flashpool")).collect();
-    assert!(
-        out.status.success() && ours.is_empty(),
-        "systemd-analyze verify: {err}"
-    );
+    // As shipped, and with every commented credential loaded.
+    let loaded = tmp.0.join("loaded");
+    std::fs::create_dir_all(&loaded).unwrap();
+    std::fs::write(
+        loaded.join("flashpool.service"),
+        unit.replace("/usr/bin/flashpool", bin)
+            .replace("#LoadCredential=", "LoadCredential="),
+    )
+    .unwrap();
+    std::fs::write(loaded.join("flashpool.socket"), &socket).unwrap();
+    for dir in [&tmp.0, &loaded] {
+        let out = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(dir.join("flashpool.socket"))
+            .arg(dir.join("flashpool.service"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        // Only lines about our units count (the host's own units may have complaints).
+        let ours: Vec<&str> = err.lines().filter(|l| l.contains("flashpool")).collect();
+        assert!(
+            out.status.success() && ours.is_empty(),
+            "systemd-analyze verify {}: {err}",
+            dir.display()
+        );
+    }
 
     // The hardening set, as systemd scores it (0 best, 10 worst; 1.6 when written).
     let out = Command::new("systemd-analyze")

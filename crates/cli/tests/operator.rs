@@ -234,6 +234,14 @@ fn wrong_flags_and_bad_sizes() {
         // A refused creation must leave nothing behind (see failed_create_leaves_drive_files).
         let _ = std::fs::remove_dir_all(&data);
     }
+    // Refused by the flag's parser, before the data dir is made (the engine refused it only
+    // once the pool existed).
+    refused(
+        "a volume of no bytes",
+        &flashpool(&["serve", "--data", d, "--volume-size", "0"]),
+        &["--volume-size", "volume size 0"],
+    );
+    assert!(!data.exists(), "--volume-size 0 made the data dir");
     // The in-process benchmark: no panic, no thousand-thread or terabyte run.
     let bench: &[(&str, &[&str], &[&str])] = &[
         ("no threads", &["bench", "--threads", "0"], &["--threads"]),

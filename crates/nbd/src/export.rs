@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::proto;
 
@@ -225,6 +226,13 @@ pub trait Export: Send + Sync {
     fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
         None
     }
+    /// Called once per READ request the server answered after its checks passed, whether
+    /// it succeeded, with the request's range and when the server began it (before it looked
+    /// for holes): however the request reached the export, if at all (a structured reply
+    /// answers holes without reading them and reads the data between them apart; a group of
+    /// reads goes to `read_many`, queued ones to the read queue). An export that counts
+    /// requests counts reads here. Default: nothing.
+    fn read_answered(&self, _offset: u64, _len: u64, _started: Instant, _ok: bool) {}
     /// Prefetch hint (`NBD_CMD_CACHE`); default: nothing to do.
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         Ok(())

@@ -3,7 +3,7 @@
 //! Flags given on the command line override the file (a list flag such as `--drive` replaces
 //! the file's list; a switch such as `--sparse` can only turn a setting on). Unknown keys and
 //! bad values are errors naming the file and the line. Relative paths in the file are taken
-//! from the file's directory.
+//! from the file's directory (`sim-drives` too when it names a file, not a preset).
 
 use crate::serve::ServeArgs;
 use anyhow::{Context, Result};
@@ -106,8 +106,11 @@ fn drive_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> 
     custom(crate::size::check_drive_size(&given, n))
 }
 
+/// A size `--volume-size` takes (its parser refuses 0).
 fn volume_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    size(d, "volume-size").map(|(n, _)| Some(n))
+    let (n, _) = size(d, "volume-size")?;
+    flag_accepts("volume_size", &n.to_string()).map_err(serde::de::Error::custom)?;
+    Ok(Some(n))
 }
 
 fn ec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<(usize, usize)>, D::Error> {
@@ -341,7 +344,14 @@ pub fn apply(a: &mut ServeArgs, f: FileConfig, given: &HashSet<String>, base: &P
     set!(drive_size, Some);
     set!(volume_size);
     switch!(memory);
-    set!(sim_drives, Some);
+    // A preset's name as it is; a file's path from the file's directory.
+    set!(sim_drives, |v: String| Some(
+        if flashpool_sim::presets::preset_text(&v).is_some() {
+            v
+        } else {
+            path(PathBuf::from(v)).to_string_lossy().into_owned()
+        }
+    ));
     set!(sim_timing);
     set!(rebuild_delay);
     set!(busy_poll_us);
@@ -423,6 +433,32 @@ mod tests {
         assert_eq!(a.data, PathBuf::from("flashpool-data"), "default kept");
     }
 
+    /// `sim-drives` is a preset's name or a simulator file's path; a relative path is the
+    /// config file's neighbour, as every path in it is.
+    #[test]
+    fn sim_drives_file_is_taken_from_the_files_directory() {
+        for (value, want) in [
+            ("ssd.toml", "/etc/fp/ssd.toml"),
+            ("sims/ssd.toml", "/etc/fp/sims/ssd.toml"),
+            ("/opt/ssd.toml", "/opt/ssd.toml"),
+            ("tlc", "tlc"),
+            ("small", "small"),
+        ] {
+            let f = parse(&format!("sim-drives = {value:?}\n")).unwrap();
+            let (mut a, given) = args(&[]);
+            apply(&mut a, f, &given, Path::new("/etc/fp"));
+            assert_eq!(a.sim_drives.as_deref(), Some(want), "{value}");
+        }
+        let f = parse("sim-drives = \"ssd.toml\"\n").unwrap();
+        let (mut a, given) = args(&["--sim-drives", "here.toml"]);
+        apply(&mut a, f, &given, Path::new("/etc/fp"));
+        assert_eq!(
+            a.sim_drives.as_deref(),
+            Some("here.toml"),
+            "the flag wins as given"
+        );
+    }
+
     #[test]
     fn flag_equal_to_its_default_still_wins() {
         let f = parse("busy-poll-us = 7\n").unwrap();
@@ -487,6 +523,7 @@ mod tests {
             ("tls", &["\"off\"", "\"require\"", "\"maybe\""][..]),
             ("nvme-tls", &["\"on\"", "\"maybe\""][..]),
             ("rebuild-reserve", &["\"on\"", "\"off\"", "\"maybe\""][..]),
+            ("volume-size", &["0", "\"0\"", "\"0G\"", "1", "\"1G\""][..]),
         ] {
             for v in values {
                 let file = parse(&format!("{key} = {v}\n"));
@@ -517,6 +554,11 @@ mod tests {
             ("\ndrive-size = \"12Q\"\n", 2, &["suffix"][..]),
             ("tls = \"maybe\"\n", 1, &["off, on, require"][..]),
             ("ec = 4\n", 1, &["string"][..]),
+            (
+                "\nvolume-size = \"0M\"\n",
+                2,
+                &["--volume-size", "volume size 0"][..],
+            ),
             ("listen = \n", 1, &[][..]),
             ("metrics = \"nowhere:port\"\n", 1, &["metrics", "port"][..]),
             ("[serve]\nlisten = \"a:1\"\n", 1, &["serve"][..]),

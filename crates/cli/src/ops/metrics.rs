@@ -4,8 +4,9 @@
 //! Two sources:
 //! - the NBD front-end: when metrics are on, every volume the NBD server hands a client is
 //!   wrapped by [`CountedExport`], which counts requests, bytes and errors and times each
-//!   request into a latency histogram, per volume and operation; and counts the connections
-//!   holding each volume open;
+//!   request into a latency histogram, per volume and operation (a read once per request,
+//!   whole, when the NBD layer answers it: `Export::read_answered`); and counts the
+//!   connections holding each volume open;
 //! - the pool, read at each scrape ([`pool_families`]): the engine's counters, space,
 //!   segments by utilisation, write amplification by cause, compression, drives and their
 //!   state (with the kernel's I/O counters for members that are block devices), rebuild and
@@ -17,14 +18,14 @@
 use crate::admin::Controls;
 use crate::export::PoolExports;
 use flashpool_engine::Pool;
-use flashpool_nbd::{Export, ExportError, ExportSet, Extent, ReadDone, ReadQueue};
+use flashpool_nbd::{Export, ExportError, ExportSet, Extent, ReadQueue};
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -55,7 +56,12 @@ pub struct Metrics {
     pool: Arc<Pool>,
     controls: Arc<Controls>,
     started: Instant,
+    /// The kernel's I/O counters of a member at a path ([`block_stat`]; tests stand in).
+    block_stat: BlockStat,
 }
+
+/// Reads the kernel's I/O counters of the member at a path, if it is a block device.
+type BlockStat = fn(&str) -> Option<[u64; 7]>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -90,7 +96,7 @@ impl Metrics {
             latency: HistogramVec::new(
                 HistogramOpts::new(
                     "flashpool_volume_request_duration_seconds",
-                    "Time the pool took to serve a volume's NBD request, by operation (from the export call to its return; network and queueing excluded).",
+                    "Time the pool took to serve a volume's NBD request, by operation (from the export call to its return; a read from the server's look for holes to its last byte in; network and queueing excluded).",
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
                 &["volume", "op"],
@@ -115,6 +121,7 @@ impl Metrics {
             pool,
             controls,
             started: Instant::now(),
+            block_stat,
         })
     }
 
@@ -130,7 +137,12 @@ impl Metrics {
     pub fn render(&self) -> prometheus::Result<String> {
         self.prune();
         let mut families = self.registry.gather();
-        families.extend(pool_families(&self.pool, &self.controls, self.started));
+        families.extend(pool_families(
+            &self.pool,
+            &self.controls,
+            self.started,
+            self.block_stat,
+        ));
         // A family without series (no member failed) is left out: the format has no empty
         // families. Series in label order, so the page reads the same at every scrape.
         families.retain(|f| !f.get_metric().is_empty());
@@ -199,9 +211,12 @@ struct OpMetrics {
 
 impl OpMetrics {
     fn record<T>(&self, bytes: u64, started: Instant, r: &Result<T, ExportError>) {
+        self.record_ok(bytes, started, r.is_ok());
+    }
+    fn record_ok(&self, bytes: u64, started: Instant, ok: bool) {
         self.latency.observe(started.elapsed().as_secs_f64());
         self.requests.inc();
-        if r.is_ok() {
+        if ok {
             if let Some(b) = &self.bytes {
                 b.inc_by(bytes);
             }
@@ -232,22 +247,13 @@ impl Export for CountedExport {
     fn size(&self) -> u64 {
         self.inner.size()
     }
+    /// Reads are counted once per NBD request ([`Export::read_answered`]), not here: the NBD
+    /// layer answers holes without reading and reads a structured read's data extents apart.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        let t = Instant::now();
-        let len = buf.len() as u64;
-        let r = self.inner.read(offset, buf);
-        self.read.record(len, t, &r);
-        r
+        self.inner.read(offset, buf)
     }
     fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
-        let t = Instant::now();
-        let lens: Vec<u64> = reads.iter().map(|(_, b)| b.len() as u64).collect();
-        let rs = self.inner.read_many(reads);
-        // The batch completes together: each of its reads took the batch's time.
-        for (r, len) in rs.iter().zip(lens) {
-            self.read.record(len, t, r);
-        }
-        rs
+        self.inner.read_many(reads)
     }
     fn read_may_block(&self, offset: u64, len: u64) -> bool {
         self.inner.read_may_block(offset, len)
@@ -258,15 +264,16 @@ impl Export for CountedExport {
     fn write_would_block_now(&self) -> bool {
         self.inner.write_would_block_now()
     }
-    /// The volume's read queue, its reads counted as the others are: without it a counted
-    /// export's reads would leave the queue for the slower helper threads.
+    /// The volume's own read queue: its reads are counted when the NBD layer answers them,
+    /// as every read is.
     fn read_queue(&self) -> Option<Box<dyn ReadQueue>> {
-        let inner = self.inner.read_queue()?;
-        Some(Box::new(CountedReads {
-            inner,
-            read: self.read.clone(),
-            started: HashMap::new(),
-        }))
+        self.inner.read_queue()
+    }
+    /// One READ request, however much of it was read from the volume: its full length,
+    /// its time from the server's first look (holes) to its last byte in.
+    fn read_answered(&self, offset: u64, len: u64, started: Instant, ok: bool) {
+        self.inner.read_answered(offset, len, started, ok);
+        self.read.record_ok(len, started, ok);
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         let t = Instant::now();
@@ -314,46 +321,6 @@ impl Export for CountedExport {
     }
     fn rotational(&self) -> bool {
         self.inner.rotational()
-    }
-}
-
-/// A connection's read queue, counted as the export's reads are: one request per read, its
-/// latency from `start` to `take`.
-struct CountedReads {
-    inner: Box<dyn ReadQueue>,
-    read: OpMetrics,
-    /// Reads started and not yet taken: when, and how many bytes.
-    started: HashMap<u64, (Instant, u64)>,
-}
-
-impl ReadQueue for CountedReads {
-    fn start(&mut self, token: u64, offset: u64, len: usize) {
-        self.started.insert(token, (Instant::now(), len as u64));
-        self.inner.start(token, offset, len);
-    }
-    fn submit(&mut self) {
-        self.inner.submit();
-    }
-    fn poll(&mut self) {
-        self.inner.poll();
-    }
-    fn wait(&mut self, fd: Option<std::os::fd::RawFd>) -> std::io::Result<bool> {
-        self.inner.wait(fd)
-    }
-    fn take(&mut self, f: &mut ReadDone<'_>) -> bool {
-        let (started, read) = (&mut self.started, &self.read);
-        self.inner.take(&mut |token, res| {
-            if let Some((t, len)) = started.remove(&token) {
-                read.record(len, t, &res);
-            }
-            f(token, res);
-        })
-    }
-    fn outstanding(&self) -> usize {
-        self.inner.outstanding()
-    }
-    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.ready_fd()
     }
 }
 
@@ -492,8 +459,13 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("compressed_stored_bytes", "Stored bytes of the compressed blocks (4096 logical bytes each)."),
 ];
 
-/// Every pool-side metric family, read now.
-pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<MetricFamily> {
+/// Every pool-side metric family, read now (`block_stat`: the kernel's counters of a member).
+fn pool_families(
+    pool: &Pool,
+    controls: &Controls,
+    started: Instant,
+    block_stat: BlockStat,
+) -> Vec<MetricFamily> {
     let mut f = Families::default();
     let stats = pool.stats();
     let info = pool.info();
@@ -697,7 +669,7 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
         "Parity chunks per stripe.",
         info.m as f64,
     );
-    drive_io(&mut f, &drives, &index);
+    drive_io(&mut f, &drives, &index, block_stat);
 
     // Rebuild.
     let rb = pool.rebuild_status();
@@ -802,8 +774,15 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
 }
 
 /// The kernel's I/O counters (`/sys/class/block/NAME/stat`) of members that are block
-/// devices: the device's own counts, whatever else uses it. File drives have none.
-fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &[String]) {
+/// devices: the device's own counts, whatever else uses it. File drives have none. Named
+/// `flashpool_drive_io_*` where the engine's pool-wide counters would share a name
+/// (`flashpool_drive_writes_total` is the engine's: one name is one family).
+fn drive_io(
+    f: &mut Families,
+    drives: &[flashpool_engine::DriveStatus],
+    index: &[String],
+    block_stat: BlockStat,
+) {
     // (drive index, [reads, sectors read, ms reading, writes, sectors written, ms writing, ms busy])
     let mut rows: Vec<(&str, [u64; 7])> = Vec::new();
     for (d, i) in drives.iter().zip(index) {
@@ -820,7 +799,7 @@ fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &
             .map(move |(i, s)| (vec![*i], s[c] as f64 / 1000.0))
     };
     f.counter_vec(
-        "flashpool_drive_reads_total",
+        "flashpool_drive_io_reads_total",
         "Reads the block device completed (kernel counter).",
         &["drive"],
         col(0),
@@ -832,7 +811,7 @@ fn drive_io(f: &mut Families, drives: &[flashpool_engine::DriveStatus], index: &
         rows.iter().map(|(i, s)| (vec![*i], s[1] * 512)),
     );
     f.counter_vec(
-        "flashpool_drive_writes_total",
+        "flashpool_drive_io_writes_total",
         "Writes the block device completed (kernel counter).",
         &["drive"],
         col(3),
@@ -893,13 +872,13 @@ fn block_stat(path: &str) -> Option<[u64; 7]> {
 mod tests {
     use super::*;
 
-    /// A counted volume of a file-drive pool keeps its read queue (the fast read path, as
-    /// without metrics), and the reads through it are counted.
-    #[test]
-    fn counted_exports_keep_the_read_queue_and_count_its_reads() {
+    /// A 4+1 pool of five 64 MiB file drives under a new directory `tag` of the temp dir,
+    /// with a 16 MiB volume `default`; the directory, to remove.
+    fn file_pool(tag: &str) -> (Arc<Pool>, std::path::PathBuf) {
         use flashpool_engine::drive::{DriveRef, FileDrive};
         use flashpool_engine::{Compression, PoolConfig};
-        let dir = std::env::temp_dir().join(format!("fp-metrics-rq-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("fp-metrics-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let drives: Vec<DriveRef> = (0..5)
             .map(|i| {
@@ -917,46 +896,107 @@ mod tests {
         let pool = Arc::new(Pool::create(drives, &cfg).unwrap());
         pool.create_volume_with("default", 16 << 20, Compression::Off)
             .unwrap();
+        (pool, dir)
+    }
+
+    /// With members that are block devices (the kernel's counters present), every family
+    /// has one name of its own: two families under one name (the engine's pool-wide
+    /// `drive_writes` and the kernel's per drive once did) is a page `promtool check
+    /// metrics` refuses ("second HELP line") and queries that get the other's series.
+    #[test]
+    fn block_device_members_add_no_second_family_of_a_name() {
+        let (pool, dir) = file_pool("names");
+        let mut m = Metrics::new(pool, Arc::new(Controls::default())).unwrap();
+        m.block_stat = |_| Some([1, 2, 3, 4, 5, 6, 7]);
+        let _counted = m.exports().get("").unwrap();
+        let page = m.render().unwrap();
+        for kind in ["# HELP ", "# TYPE "] {
+            let mut seen = BTreeSet::new();
+            for line in page.lines().filter_map(|l| l.strip_prefix(kind)) {
+                let name = line.split(' ').next().unwrap();
+                assert!(seen.insert(name), "a second {kind}line for {name}");
+            }
+        }
+        for series in [
+            r#"flashpool_drive_io_reads_total{drive="4"} 1"#,
+            r#"flashpool_drive_io_writes_total{drive="4"} 4"#,
+            r#"flashpool_drive_busy_time_seconds_total{drive="4"} 0.007"#,
+            "flashpool_drive_writes_total ",
+        ] {
+            assert!(page.contains(series), "{series} missing: {page}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A counted volume of a file-drive pool keeps its read queue (the fast read path, as
+    /// without metrics). Reads are counted once per NBD request when the NBD layer says it
+    /// answered one (`read_answered`), whole, never by the export's read calls, which see
+    /// only a request's data parts (the NBD tests check the layer's side; operations.rs the
+    /// two together).
+    #[test]
+    fn counted_exports_keep_the_read_queue_and_count_answered_reads() {
+        let (pool, dir) = file_pool("rq");
         let vol = pool.volume("default").unwrap();
         let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
         vol.write(0, &data).unwrap();
         vol.flush().unwrap();
         let m = Metrics::new(pool.clone(), Arc::new(Controls::default())).unwrap();
         let ex = m.exports().get("").unwrap();
-        let Some(mut q) = ex.read_queue() else {
+        let reads = |m: &Metrics| {
+            let page = m.render().unwrap();
+            let get = |name: &str| {
+                let at = format!(r#"{name}{{op="read",volume="default"}} "#);
+                page.lines()
+                    .find_map(|l| l.strip_prefix(&at))
+                    .map(|v| v.parse::<u64>().unwrap())
+            };
+            (
+                get("flashpool_volume_requests_total"),
+                get("flashpool_volume_bytes_total"),
+                get("flashpool_volume_errors_total"),
+            )
+        };
+        let mut buf = vec![0u8; 8192];
+        ex.read(4096, &mut buf).unwrap();
+        let mut two = [0u8; 4096];
+        let (a, b) = two.split_at_mut(2048);
+        assert!(ex
+            .read_many(&mut [(0, a), (65536, b)])
+            .iter()
+            .all(Result::is_ok));
+        if let Some(mut q) = ex.read_queue() {
+            for i in 0..8u64 {
+                q.start(i, i * 65536, 4096);
+            }
+            q.submit();
+            let mut got = 0;
+            while got < 8 {
+                q.wait(None).unwrap();
+                while q.take(&mut |t, r| {
+                    let d = r.unwrap();
+                    let at = (t * 65536) as usize;
+                    assert_eq!((*d).as_ref(), &data[at..at + 4096]);
+                    got += 1;
+                }) {}
+            }
+        } else {
             // No io_uring here (or FLASHPOOL_IO_URING=off): no queue with or without metrics.
             assert!(PoolExports(pool.clone())
                 .get("")
                 .unwrap()
                 .read_queue()
                 .is_none());
-            std::fs::remove_dir_all(&dir).unwrap();
-            return;
-        };
-        for i in 0..8u64 {
-            q.start(i, i * 65536, 4096);
         }
-        q.submit();
-        let mut got = 0;
-        while got < 8 {
-            q.wait(None).unwrap();
-            while q.take(&mut |t, r| {
-                let d = r.unwrap();
-                let at = (t * 65536) as usize;
-                assert_eq!((*d).as_ref(), &data[at..at + 4096]);
-                got += 1;
-            }) {}
-        }
-        let page = m.render().unwrap();
-        assert!(
-            page.contains(r#"flashpool_volume_requests_total{op="read",volume="default"} 8"#),
-            "8 reads counted: {}",
-            page.lines()
-                .filter(|l| l.contains("requests_total"))
-                .collect::<Vec<_>>()
-                .join("\n")
+        assert_eq!(
+            reads(&m),
+            (Some(0), Some(0), Some(0)),
+            "export reads uncounted"
         );
-        drop(q);
+        let t = Instant::now();
+        ex.read_answered(0, 3 << 16, t, true);
+        ex.read_answered(1 << 20, 1 << 16, t, true);
+        ex.read_answered(0, 4096, t, false);
+        assert_eq!(reads(&m), (Some(3), Some(4 << 16), Some(1)));
         drop(ex);
         std::fs::remove_dir_all(&dir).unwrap();
     }

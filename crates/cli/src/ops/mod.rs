@@ -27,7 +27,7 @@ pub fn listen_address(s: &str) -> Result<String> {
             }
             Ok(s.to_string())
         }
-        _ => bail!("{s:?}: expected PORT or HOST:PORT (e.g. 9100 or 127.0.0.1:9100)"),
+        _ => bail!("{s:?}: expected PORT or HOST:PORT (e.g. 10810 or 127.0.0.1:10810)"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Helpers shared by the CLI's integration tests: a temporary directory, running the built
-//! binary, a server running in the background, and a minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies) to
-//! write and read a served volume with no client package installed.
+//! binary, a server running in the background, and a minimal NBD client (fixed newstyle,
+//! NBD_OPT_EXPORT_NAME, simple replies, or structured ones for reads) to write and read a
+//! served volume with no client package installed.
 #![allow(dead_code)]
 
 use flashpool_nbd::proto;
@@ -90,6 +91,16 @@ pub struct Nbd {
 
 impl Nbd {
     pub fn connect(addr: &str, export: &str) -> std::io::Result<Nbd> {
+        Nbd::connect_with(addr, export, false)
+    }
+
+    /// A connection that asks for structured replies (NBD_OPT_STRUCTURED_REPLY), as libnbd
+    /// does: reads come back as data and hole chunks ([`Nbd::read_structured`]).
+    pub fn connect_structured(addr: &str, export: &str) -> std::io::Result<Nbd> {
+        Nbd::connect_with(addr, export, true)
+    }
+
+    fn connect_with(addr: &str, export: &str, structured: bool) -> std::io::Result<Nbd> {
         let mut c = TcpStream::connect(addr)?;
         c.set_read_timeout(Some(Duration::from_secs(60)))?;
         let mut hello = [0u8; 18];
@@ -107,6 +118,25 @@ impl Nbd {
         msg.extend_from_slice(
             &(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes(),
         );
+        if structured {
+            msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+            msg.extend_from_slice(&proto::OPT_STRUCTURED_REPLY.to_be_bytes());
+            msg.extend_from_slice(&0u32.to_be_bytes());
+            c.write_all(&std::mem::take(&mut msg))?;
+            // Magic, option, reply type, length: an ACK without data.
+            let mut reply = [0u8; 20];
+            c.read_exact(&mut reply)?;
+            assert_eq!(
+                u64::from_be_bytes(reply[..8].try_into().unwrap()),
+                proto::OPT_REPLY_MAGIC
+            );
+            assert_eq!(
+                u32::from_be_bytes(reply[12..16].try_into().unwrap()),
+                proto::REP_ACK,
+                "structured replies refused"
+            );
+            assert_eq!(u32::from_be_bytes(reply[16..].try_into().unwrap()), 0);
+        }
         msg.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
         msg.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
         msg.extend_from_slice(&(export.len() as u32).to_be_bytes());
@@ -155,6 +185,56 @@ impl Nbd {
             self.c.read_exact(&mut buf).unwrap();
         }
         (error, buf)
+    }
+
+    /// A READ on a structured connection ([`Nbd::connect_structured`]) that must succeed:
+    /// the data, assembled from the reply's chunks, and the chunks' types in order.
+    pub fn read_structured(&mut self, offset: u64, len: u32) -> (Vec<u8>, Vec<u16>) {
+        self.cookie += 1;
+        let mut msg = Vec::with_capacity(28);
+        msg.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+        msg.extend_from_slice(&0u16.to_be_bytes());
+        msg.extend_from_slice(&proto::CMD_READ.to_be_bytes());
+        msg.extend_from_slice(&self.cookie.to_be_bytes());
+        msg.extend_from_slice(&offset.to_be_bytes());
+        msg.extend_from_slice(&len.to_be_bytes());
+        self.c.write_all(&msg).unwrap();
+        let mut data = vec![0xA5u8; len as usize];
+        let mut kinds = Vec::new();
+        loop {
+            // Magic, flags, type, cookie, length; then the payload.
+            let mut h = [0u8; 20];
+            self.c.read_exact(&mut h).unwrap();
+            assert_eq!(
+                u32::from_be_bytes(h[..4].try_into().unwrap()),
+                proto::STRUCTURED_REPLY_MAGIC
+            );
+            let flags = u16::from_be_bytes([h[4], h[5]]);
+            let kind = u16::from_be_bytes([h[6], h[7]]);
+            assert_eq!(
+                u64::from_be_bytes(h[8..16].try_into().unwrap()),
+                self.cookie
+            );
+            let mut p = vec![0u8; u32::from_be_bytes(h[16..].try_into().unwrap()) as usize];
+            self.c.read_exact(&mut p).unwrap();
+            let at = |p: &[u8]| (u64::from_be_bytes(p[..8].try_into().unwrap()) - offset) as usize;
+            match kind {
+                proto::REPLY_TYPE_OFFSET_DATA => {
+                    let o = at(&p);
+                    data[o..o + p.len() - 8].copy_from_slice(&p[8..]);
+                }
+                proto::REPLY_TYPE_OFFSET_HOLE => {
+                    let (o, l) = (at(&p), u32::from_be_bytes(p[8..12].try_into().unwrap()));
+                    data[o..o + l as usize].fill(0);
+                }
+                proto::REPLY_TYPE_NONE => {}
+                k => panic!("read at {offset}: reply chunk of type {k:#x}: {p:?}"),
+            }
+            kinds.push(kind);
+            if flags & proto::REPLY_FLAG_DONE != 0 {
+                return (data, kinds);
+            }
+        }
     }
 
     /// A request that must succeed; returns the data read.

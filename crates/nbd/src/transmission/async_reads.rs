@@ -25,6 +25,8 @@ struct InFlightRead {
     held: u64,
     /// The first part that failed.
     failed: Option<ExportError>,
+    /// When it began (`Export::read_answered`).
+    started: std::time::Instant,
 }
 
 /// A connection's reads in progress on its read queue.
@@ -135,8 +137,10 @@ impl AsyncReads {
         if let Err(reply) = s.check_read(&req) {
             return Some(reply);
         }
+        let started = std::time::Instant::now();
         let reply = s.read_reply(&req, false);
         if reply.parts.is_empty() {
+            s.read_answered(&req, started, true);
             return Some(reply.out);
         }
         let slot = self.free.pop().unwrap_or_else(|| {
@@ -152,6 +156,7 @@ impl AsyncReads {
             left,
             held,
             failed: None,
+            started,
         });
         let AsyncReads { q, slots, .. } = self;
         let parts = &slots[slot].as_ref().expect("placed above").reply.parts;
@@ -212,6 +217,7 @@ impl AsyncReads {
         for slot in complete {
             let r = self.slots[slot].take().expect("a read in flight");
             self.free.push(slot);
+            s.read_answered(&r.req, r.started, r.failed.is_none());
             out.push(match r.failed {
                 Some(e) => Reply::new(s.error(&r.req, e.kind.nbd_errno(), &e.message), r.held),
                 None => Reply {

@@ -8,6 +8,7 @@ use crate::extents;
 use crate::handshake::{Session, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::wire::{self, ReplyTo, Request};
+use std::time::Instant;
 
 /// Budget bytes charged for a queued reply without payload (so a client
 /// that never reads its replies cannot make the queue grow without bound).
@@ -339,18 +340,27 @@ impl Session {
 
     /// Runs one READ: its reply, or an error reply.
     pub(crate) fn read(&self, req: &Request) -> Vec<u8> {
+        let started = Instant::now();
         let mut r = self.read_reply(req, true);
         for (off, range) in &r.parts {
             if let Err(e) = self.export.read(*off, &mut r.out[range.clone()]) {
+                self.read_answered(req, started, false);
                 return self.error(req, e.kind.nbd_errno(), &e.message);
             }
         }
+        self.read_answered(req, started, true);
         r.out
+    }
+
+    /// Tells the export READ `req`, begun at `started`, was answered (`Export::read_answered`).
+    pub(crate) fn read_answered(&self, req: &Request, started: Instant, ok: bool) {
+        self.export.read_answered(req.offset, req.len, started, ok);
     }
 
     /// Runs several READs with one `Export::read_many`, so the export can have all their
     /// device reads in flight at once; one reply each, in the order given.
     pub(crate) fn read_group(&self, reqs: &[Request]) -> Vec<Vec<u8>> {
+        let started = Instant::now();
         let mut replies: Vec<Result<ReadReply, Vec<u8>>> = reqs
             .iter()
             .map(|req| {
@@ -388,8 +398,14 @@ impl Session {
             .zip(reqs)
             .map(|((r, f), req)| match (r, f) {
                 (Err(reply), _) => reply,
-                (Ok(_), Some(e)) => self.error(req, e.kind.nbd_errno(), &e.message),
-                (Ok(r), None) => r.out,
+                (Ok(_), Some(e)) => {
+                    self.read_answered(req, started, false);
+                    self.error(req, e.kind.nbd_errno(), &e.message)
+                }
+                (Ok(r), None) => {
+                    self.read_answered(req, started, true);
+                    r.out
+                }
             })
             .collect()
     }
