@@ -88,6 +88,25 @@ expect 200 POST /cleaner/resume
 expect 200 POST /scrub '{"check_only": true}'
 echo "scrub: $(field 'v["stripes_checked"]') stripes checked"
 
+# The contract's edges: a 405 names what the route takes (Allow), a route the API lacks is
+# 404 whatever the method, null is no field's value, URL segments are percent-decoded, the
+# auth scheme's name is case-insensitive, a GET refuses body fields.
+grep -qi '^Allow: GET, POST' <<<"$(curl -s -i -X PUT -H "Authorization: Bearer $TOKEN" "$API/volumes")" \
+    || die "405 without Allow"
+expect 404 POST /rebuild/foo
+expect 404 POST /drives/0/foo
+expect 400 POST /scrub '{"check_only":null}'
+expect 400 POST /drives '{"path":null}'
+expect 200 GET /volumes/%65%32e
+[ "$(field 'v["name"]')" = e2e ] || die "percent-decoded name: $(cat "$WORK/body")"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: bearer $TOKEN" "$API/status")
+[ "$code" = 200 ] || die "lower-case bearer answered $code"
+expect 400 GET /status '{"x":1}'
+# The volume commands reach the running server through its admin socket.
+if [ "$SERVER_KIND" != flashpool-mem ]; then
+    "$FLASHPOOL" volume list --data "$DATA" | grep -q '^e2e ' || die "CLI volume list"
+fi
+
 # Delete: gone from the API and from NBD.
 expect 200 DELETE /volumes/e2e
 expect 404 GET /volumes/e2e

@@ -378,14 +378,29 @@ fn drives_json(ctx: &AdminCtx) -> serde_json::Value {
 
 /// Puts member `index` back in service unless it is in service already; says which, for the
 /// CLI offline and the admin doors alike.
+/// A retired member (its data rebuilt onto the others) cannot come back: a conflict with its
+/// state (409), not a bad request.
 pub fn readmit(pool: &Pool, index: usize) -> flashpool_engine::Result<String> {
-    if pool.drives()[index].state == "active" {
-        return Ok(format!(
-            "drive {index} is already in service: nothing to do"
-        ));
+    let retired = || {
+        flashpool_engine::Error::Conflict(format!(
+            "drive {index} was rebuilt and retired: its data lives on the other members now, so it cannot be readmitted (adding it again, with force, reuses the drive as a new member)"
+        ))
+    };
+    match pool.drives()[index].state {
+        "active" => {
+            return Ok(format!(
+                "drive {index} is already in service: nothing to do"
+            ))
+        }
+        "retired" => return Err(retired()),
+        _ => {}
     }
-    pool.readmit_drive(index)?;
-    Ok(format!("drive {index} back in service"))
+    match pool.readmit_drive(index) {
+        Ok(()) => Ok(format!("drive {index} back in service")),
+        // A rebuild that ended meanwhile retired it.
+        Err(_) if pool.drives()[index].state == "retired" => Err(retired()),
+        Err(e) => Err(e),
+    }
 }
 
 /// What a completed `drive remove` of member `index` did.

@@ -36,6 +36,10 @@ const LBA: u64 = 4096;
 fn ns_error(e: flashpool_engine::Error) -> NsError {
     match e {
         flashpool_engine::Error::OutOfRange { .. } => NsError::OutOfRange,
+        // Volume I/O fails NotFound only once the volume is deleted: a command that was in
+        // flight then completes as one sent after it (Invalid Namespace), not as an internal
+        // error with a warning per command.
+        flashpool_engine::Error::NotFound(_) => NsError::Removed,
         // Data no parity could recover, or a check that failed: an unrecovered media error.
         e @ (flashpool_engine::Error::Unavailable(_) | flashpool_engine::Error::Corrupt(_)) => {
             NsError::Media(e.to_string())
@@ -334,6 +338,29 @@ mod tests {
             .collect();
         let (_, ns) = namespace_of(&pool_of(drives), "v").unwrap();
         assert!(ns.read_queue().is_none());
+    }
+
+    #[test]
+    fn io_on_a_deleted_volume_is_a_removed_namespace_not_an_io_error() {
+        let drives: Vec<DriveRef> = (0..3)
+            .map(|i| Arc::new(MemDrive::new(64 << 20, format!("mem:{i}"))) as DriveRef)
+            .collect();
+        let pool = pool_of(drives);
+        let (_, ns) = namespace_of(&pool, "v").unwrap();
+        ns.write(0, &[7; 4096], false).unwrap();
+        // The namespace is still held (a command in flight) when the volume goes.
+        pool.delete_volume("v").unwrap();
+        let mut buf = [0u8; 4096];
+        assert_eq!(ns.read(0, &mut buf), Err(NsError::Removed));
+        assert_eq!(ns.write(0, &[7; 4096], false), Err(NsError::Removed));
+        assert_eq!(ns.write(0, &[7; 4096], true), Err(NsError::Removed));
+        assert_eq!(ns.deallocate(0, 1), Err(NsError::Removed));
+        assert_eq!(ns.write_zeroes(0, 1), Err(NsError::Removed));
+        let mut many = [0u8; 4096];
+        assert_eq!(
+            ns.read_many(&mut [(0, &mut many[..])]),
+            vec![Err(NsError::Removed)]
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `flashpool volume create|list|delete|resize` against a data dir (not while a server holds
-//! it: the data dir lock refuses).
+//! `flashpool volume create|list|delete|resize|compression`: on a data dir directly or, while
+//! a server holds it, through the server's admin socket (as `flashpool drive` and `status`).
 
 use crate::datadir;
 use crate::size::parse_size;
@@ -61,6 +61,9 @@ pub fn run(a: VolumeArgs) -> Result<()> {
         | VolumeCmd::Resize { name, .. } => flashpool_engine::validate_volume_name(name)?,
         VolumeCmd::List { .. } => {}
     }
+    if crate::admin::server_running(&a.data) {
+        return online(&a);
+    }
     let dd = if matches!(a.cmd, VolumeCmd::List { .. }) {
         datadir::open_read_only(&a.data)?
     } else {
@@ -81,19 +84,12 @@ pub fn run(a: VolumeArgs) -> Result<()> {
             println!("created volume {} ({} bytes)", v.name, v.size);
         }
         VolumeCmd::List { json } => {
-            let vols = pool.volumes();
-            if json {
-                let list: Vec<_> = vols
-                    .iter()
-                    .map(|v| serde_json::json!({"name": v.name, "size": v.size, "id": v.id, "map_bytes": v.map_bytes}))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                println!("{:<24} {:>16}", "NAME", "SIZE");
-                for v in vols {
-                    println!("{:<24} {:>16}", v.name, v.size);
-                }
-            }
+            let vols: Vec<_> = pool
+                .volumes()
+                .iter()
+                .map(|v| serde_json::json!({"name": v.name, "size": v.size, "id": v.id, "map_bytes": v.map_bytes}))
+                .collect();
+            print_list(&vols, json)?;
         }
         VolumeCmd::Delete { name } => {
             pool.delete_volume(&name)?;
@@ -115,6 +111,56 @@ pub fn run(a: VolumeArgs) -> Result<()> {
         }
     }
     pool.close()?;
+    Ok(())
+}
+
+/// Prints volumes (`name`, `size`, `id`, `map_bytes` each) as a table or JSON.
+fn print_list(vols: &[serde_json::Value], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(vols)?);
+    } else {
+        println!("{:<24} {:>16}", "NAME", "SIZE");
+        for v in vols {
+            println!("{:<24} {:>16}", v["name"].as_str().unwrap_or(""), v["size"]);
+        }
+    }
+    Ok(())
+}
+
+/// The same commands against a running server, through its admin socket (volume names hold
+/// no spaces, so they are single words of its commands).
+fn online(a: &VolumeArgs) -> Result<()> {
+    use crate::admin::request;
+    let lower = |c: &flashpool_engine::Compression| format!("{c:?}").to_lowercase();
+    let command = match &a.cmd {
+        VolumeCmd::List { json } => {
+            let v = request(&a.data, "volume list")?;
+            let vols: Vec<_> = v["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| serde_json::json!({"name": v["name"], "size": v["size"], "id": v["id"], "map_bytes": v["map_bytes"]}))
+                .collect();
+            return print_list(&vols, *json);
+        }
+        VolumeCmd::Create {
+            name,
+            size,
+            compression,
+        } => format!("volume create {name} {size} {}", lower(compression)),
+        VolumeCmd::Compression { name, setting } => {
+            format!("volume compression {name} {}", lower(setting))
+        }
+        VolumeCmd::Delete { name } => format!("volume delete {name}"),
+        VolumeCmd::Resize { name, size, force } => {
+            format!(
+                "volume resize {name} {size}{}",
+                if *force { " force" } else { "" }
+            )
+        }
+    };
+    let v = request(&a.data, &command)?;
+    println!("{}", v["ok"].as_str().unwrap_or("done"));
     Ok(())
 }
 

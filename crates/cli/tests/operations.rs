@@ -28,12 +28,25 @@ impl Server {
 
 /// One HTTP/1.0 request (so the answer is never chunked); returns status and body.
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let (code, _, body) = http_with(addr, method, path, &auth, body);
+    (code, body)
+}
+
+/// One HTTP/1.0 request with the header lines `headers` (each ending in CRLF); returns status,
+/// head and body.
+fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String, String) {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         c,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -45,7 +58,15 @@ fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("bad HTTP answer {out:?}"));
-    (code, body.to_string())
+    (code, head.to_string(), body.to_string())
+}
+
+/// The value of header `name` in an answer's head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
 }
 
 fn json(body: &str) -> serde_json::Value {
@@ -249,7 +270,12 @@ fn metrics_move_by_what_a_client_wrote() {
     // Other paths: 404 and 405, no panics.
     let a = srv.metrics.clone().unwrap();
     assert_eq!(http(&a, "GET", "/nothing", None, "").0, 404);
-    assert_eq!(http(&a, "POST", "/metrics", None, "").0, 405);
+    let (code, head, _) = http_with(&a, "POST", "/metrics", "", "");
+    assert_eq!(
+        (code, header(&head, "Allow")),
+        (405, Some("GET, HEAD")),
+        "{head}"
+    );
     assert_eq!(
         http(&a, "GET", "/api/v1/status", None, "").0,
         404,
@@ -502,6 +528,20 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
     let (code, body) = call("GET", "/api/v1/volumes/web", "");
     assert_eq!(code, 200, "{body}");
     assert_eq!(json(&body)["allocated_bytes"], 8192);
+    // Path segments are percent-decoded: %77 is `w`.
+    let (code, body) = call("GET", "/api/v1/volumes/%77eb", "");
+    assert_eq!(
+        (code, json(&body)["name"].as_str()),
+        (200, Some("web")),
+        "{body}"
+    );
+    assert_eq!(call("GET", "/api/v1/volumes/w%zzb", "").0, 400);
+    // The auth scheme's name is case-insensitive (RFC 9110 11.1).
+    for scheme in ["bearer", "BEARER"] {
+        let auth = format!("Authorization: {scheme} {TOKEN}\r\n");
+        let (code, _, body) = http_with(&a, "GET", "/api/v1/volumes/web", &auth, "");
+        assert_eq!(code, 200, "{scheme}: {body}");
+    }
 
     // Resize: growing is fine, shrinking below data needs force.
     assert_eq!(
@@ -624,13 +664,75 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
     assert_eq!(code, 200, "{body}");
     assert!(json(&body)["stripes_checked"].as_u64().is_some());
 
-    // Wrong methods and paths: 405 and 404, never a panic.
-    assert_eq!(call("GET", "/api/v1/drives/1/fail", "").0, 405);
-    assert_eq!(call("PUT", "/api/v1/status", "").0, 405);
-    assert_eq!(call("GET", "/api/v1/nothing", "").0, 404);
+    // Wrong methods and paths: 405 and 404, never a panic. A 405 says what the path takes
+    // (`Allow`, RFC 9110 15.5.6); a sub-path the API does not have is 404, whatever the method.
+    let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+    for (method, path, allow) in [
+        ("GET", "/api/v1/drives/1/fail", "POST"),
+        ("PUT", "/api/v1/status", "GET"),
+        ("PUT", "/api/v1/volumes", "GET, POST"),
+        ("POST", "/api/v1/volumes/web", "GET, PATCH, DELETE"),
+        ("GET", "/api/v1/scrub", "POST"),
+    ] {
+        let (code, head, body) = http_with(&a, method, path, &auth, "");
+        assert_eq!(code, 405, "{method} {path}: {body}");
+        assert_eq!(
+            header(&head, "Allow"),
+            Some(allow),
+            "{method} {path}: {head}"
+        );
+    }
+    for (method, path) in [
+        ("GET", "/api/v1/nothing"),
+        ("POST", "/api/v1/rebuild/foo"),
+        ("POST", "/api/v1/cleaner/foo"),
+        ("POST", "/api/v1/drives/0/foo"),
+        ("GET", "/api/v1statusx"),
+    ] {
+        assert_eq!(call(method, path, "").0, 404, "{method} {path}");
+    }
+    // GETs take no body either: fields in one are refused, not ignored.
+    assert_eq!(call("GET", "/api/v1/status", r#"{"x":1}"#).0, 400);
+    // No field is nullable: null is of the wrong type, not the field left out (a POST /drives
+    // with {"path":null} used to add a drive).
+    let members = json(&call("GET", "/api/v1/drives", "").1)["drives"]
+        .as_array()
+        .unwrap()
+        .len();
+    for (method, path, body) in [
+        ("POST", "/api/v1/drives", r#"{"path":null}"#),
+        ("POST", "/api/v1/drives", r#"{"force":null}"#),
+        ("POST", "/api/v1/scrub", r#"{"check_only":null}"#),
+        ("POST", "/api/v1/cleaner/run", r#"{"free_segments":null}"#),
+        (
+            "POST",
+            "/api/v1/volumes",
+            r#"{"name":"n","size":"1M","compression":null}"#,
+        ),
+        ("POST", "/api/v1/volumes", r#"{"name":null,"size":"1M"}"#),
+    ] {
+        let (code, answer) = call(method, path, body);
+        assert_eq!(code, 400, "{method} {path} {body}: {answer}");
+    }
+    let (_, body) = call("GET", "/api/v1/drives", "");
+    assert_eq!(
+        json(&body)["drives"].as_array().unwrap().len(),
+        members,
+        "{body}"
+    );
     assert_eq!(
         call("POST", "/api/v1/drives/1/fail", r#"{"forse": true}"#).0,
         400
+    );
+
+    // A retired member cannot come back: a conflict with its state (409), as the spec says.
+    let (code, body) = call("POST", "/api/v1/drives/4/remove", "");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = call("POST", "/api/v1/drives/4/readmit", "");
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        json(&body)["error"].as_str().unwrap().contains("retired"),
+        "{body}"
     );
 
     // The CLI keeps working through the socket, and sees the same state.

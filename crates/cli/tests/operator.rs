@@ -477,8 +477,49 @@ fn second_server_refused_by_the_lock() {
         "127.0.0.1:0",
     ]);
     refused("second server", &out, &["in use"]);
+    // Volume commands beside a running server go through its admin socket, as `drive` and
+    // `status` do (they used to be refused: "in use by another flashpool process").
     let out = flashpool(&["volume", "--data", s(&data), "create", "x", "1M"]);
-    refused("volume command beside a server", &out, &["in use"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("created volume x"),
+        "volume create beside a server: {said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = flashpool(&["volume", "--data", s(&data), "list", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let x = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "x")
+        .unwrap_or_else(|| panic!("x not listed: {list}"));
+    assert_eq!(x["size"], 1 << 20, "{list}");
+    for (args, says) in [
+        (&["resize", "x", "2M"][..], "resized volume x"),
+        (&["compression", "x", "zstd"][..], "compression zstd"),
+        (&["delete", "x"][..], "deleted volume x"),
+    ] {
+        let mut full = vec!["volume", "--data", s(&data)];
+        full.extend_from_slice(args);
+        let out = flashpool(&full);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains(says),
+            "{args:?}: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    refused(
+        "volume delete of a volume that is not there, beside a server",
+        &flashpool(&["volume", "--data", s(&data), "delete", "x"]),
+        &["x"],
+    );
     // SAFETY: signalling a child we spawned and still own.
     unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
     let st = first.wait().unwrap();

@@ -32,6 +32,7 @@ fn ns_status(e: NsError, slot: Option<&NsSlot>, reading: bool) -> Status {
                 Status::WRITE_FAULT
             }
         }
+        NsError::Removed => Status::INVALID_NS,
         NsError::Io(msg) => {
             tracing::warn!(msg, "namespace I/O error");
             Status::INTERNAL_ERROR

@@ -23,6 +23,11 @@ pub enum NsError {
     /// integrity error): Unrecovered Read Error or Write Fault, counted in the SMART log.
     #[error("media error: {0}")]
     Media(String),
+    /// The namespace is gone (its volume deleted while the command was in flight): Invalid
+    /// Namespace or Format, the status a command sent after the removal gets. Expected, so
+    /// not logged per command.
+    #[error("namespace removed")]
+    Removed,
     /// Any other failure.
     #[error("I/O error: {0}")]
     Io(String),

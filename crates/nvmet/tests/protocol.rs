@@ -737,6 +737,73 @@ fn namespace_added_and_removed_while_serving() {
     assert_eq!((le32(&list, 0), le32(&list, 4), le32(&list, 8)), (1, 3, 0));
 }
 
+/// A namespace whose volume is deleted while commands are in flight on it: every operation
+/// fails [`flashpool_nvmet::NsError::Removed`].
+struct RemovedNs(flashpool_nvmet::MemNamespace);
+
+impl flashpool_nvmet::Namespace for RemovedNs {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn blocks(&self) -> u64 {
+        self.0.blocks()
+    }
+    fn uuid(&self) -> [u8; 16] {
+        self.0.uuid()
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> Result<(), flashpool_nvmet::NsError> {
+        Err(flashpool_nvmet::NsError::Removed)
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), flashpool_nvmet::NsError> {
+        Err(flashpool_nvmet::NsError::Removed)
+    }
+    fn flush(&self) -> Result<(), flashpool_nvmet::NsError> {
+        Err(flashpool_nvmet::NsError::Removed)
+    }
+    fn deallocate(&self, _: u64, _: u64) -> Result<(), flashpool_nvmet::NsError> {
+        Err(flashpool_nvmet::NsError::Removed)
+    }
+    fn write_zeroes(&self, _: u64, _: u64) -> Result<(), flashpool_nvmet::NsError> {
+        Err(flashpool_nvmet::NsError::Removed)
+    }
+}
+
+/// Commands in flight when their namespace goes away complete as those sent after it: Invalid
+/// Namespace or Format (with DNR), not Internal Error.
+#[test]
+fn commands_on_a_namespace_removed_under_them_get_invalid_namespace() {
+    use flashpool_nvmet::{Subsystem, TargetConfig};
+    let s = Subsystem::new(NQN, "removed");
+    s.add_namespace(
+        1,
+        std::sync::Arc::new(RemovedNs(flashpool_nvmet::MemNamespace::new(
+            NS_BYTES, BS as u32, [0x77; 16],
+        ))),
+    );
+    let (_srv, _a, mut io) = one_io_queue(
+        TargetConfig {
+            subsystems: vec![s],
+            ..Default::default()
+        },
+        false,
+    );
+    // Status equality covers DNR (INVALID_NS has it set).
+    assert_eq!(io.read(1, 0, 1).0, Status::INVALID_NS, "read");
+    assert_eq!(io.write(1, 0, &[1; BS], true), Status::INVALID_NS, "write");
+    assert_eq!(
+        io.write(1, 0, &[1; 2 * BS], false),
+        Status::INVALID_NS,
+        "R2T write"
+    );
+    assert_eq!(
+        write_zeroes(&mut io, 0, 1, false),
+        Status::INVALID_NS,
+        "zeroes"
+    );
+    let flush = io.rw_cmd(0x00, 1, 0, 1);
+    assert_eq!(io.exec(flush, &[], None).0, Status::INVALID_NS, "flush");
+}
+
 /// A RAM namespace that records how it was asked to make data durable: writes with and
 /// without FUA, Write Zeroes and flushes, in order.
 struct DurabilityNs {

@@ -144,8 +144,9 @@ fn lock(dir: &Path) -> Result<File> {
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
         bail!(
-            "{} is in use by another flashpool process (a running server?)",
-            dir.display()
+            "{} is in use by another flashpool process (a running server? While one runs, `flashpool status`, `drive` and `volume` reach it through its admin socket {}, and `serve --api` serves the admin API over HTTP)",
+            dir.display(),
+            crate::admin::socket_path(dir).display()
         );
     }
     Ok(f)

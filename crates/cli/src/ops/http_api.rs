@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Incoming};
-use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
@@ -349,7 +349,12 @@ async fn handle(shared: &Shared, peer: SocketAddr, req: Request<Incoming>) -> An
                     Err(e) => error_response(500, &format!("encoding metrics: {e}")),
                 }
             }
-            (Some(_), _) => error_response(405, "GET /metrics"),
+            (Some(_), _) => {
+                let mut r = error_response(405, "GET /metrics");
+                r.headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+                r
+            }
             (None, _) => error_response(404, "no metrics on this listener (--metrics)"),
         }
     } else if path == "/api" || path.starts_with("/api/") {
@@ -415,8 +420,8 @@ async fn api_response(
         .iter()
         .next()
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().as_bytes().to_vec());
+        .and_then(bearer_credentials)
+        .map(|t| t.as_bytes().to_vec());
     if !bearer.is_some_and(|t| api.token.matches(&t)) {
         let mut r = error_response(401, "missing or wrong bearer token (Authorization: Bearer TOKEN, the token of --api-token-file)");
         r.headers_mut().insert(
@@ -465,7 +470,16 @@ async fn api_response(
     };
     let op = match route(method, path, &args) {
         Ok(op) => op,
-        Err((code, msg)) => return error_response(code, &msg),
+        Err((code, msg)) => {
+            let mut r = error_response(code, &msg);
+            if code == 405 {
+                if let Some(methods) = segments(path).ok().and_then(|p| allowed_methods(&p)) {
+                    r.headers_mut()
+                        .insert(ALLOW, HeaderValue::from_static(methods));
+                }
+            }
+            return r;
+        }
     };
     let started = std::time::Instant::now();
     let what = format!("{op:?}");
@@ -523,9 +537,10 @@ fn bad(msg: impl Into<String>) -> RouteError {
     (400, msg.into())
 }
 
-/// Field `name` of the JSON body, if present.
+/// Field `name` of the JSON body, if present. A `null` is present: no field is nullable, so
+/// it is refused as of the wrong type rather than read as the field left out.
 fn field<'a>(args: &'a Value, name: &str) -> Option<&'a Value> {
-    args.get(name).filter(|v| !v.is_null())
+    args.get(name)
 }
 
 fn bool_field(args: &Value, name: &str) -> Result<bool, RouteError> {
@@ -604,15 +619,83 @@ fn path_field(args: &Value, name: &str) -> Result<Option<PathBuf>, RouteError> {
     }
 }
 
-/// The operation a request names.
-pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError> {
+/// The credentials of an `Authorization` header's value of the Bearer scheme, whose name is
+/// case-insensitive (RFC 9110 11.1: `bearer` and `BEARER` are `Bearer`).
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("Bearer")
+        .then(|| credentials.trim())
+}
+
+/// `%XX` escapes of a path segment decoded (RFC 3986 2.1): `%6Fdd` is `odd`. A `%` not
+/// followed by two hex digits, or bytes that are not UTF-8 once decoded, are a bad request.
+fn percent_decode(segment: &str) -> Result<String, RouteError> {
+    let b = segment.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = |j: usize| b.get(j).and_then(|c| (*c as char).to_digit(16));
+            match (hex(i + 1), hex(i + 2)) {
+                (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
+                _ => {
+                    return Err(bad(format!(
+                        "path segment {segment:?}: a % must start an escape of two hex digits"
+                    )))
+                }
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| {
+        bad(format!(
+            "path segment {segment:?} is not UTF-8 once decoded"
+        ))
+    })
+}
+
+/// The segments of an API path after `/api/v1`, each percent-decoded (an escaped `/` stays
+/// inside its segment).
+fn segments(path: &str) -> Result<Vec<String>, RouteError> {
     let rest = path.strip_prefix("/api/v1").ok_or_else(|| {
         (
             404,
             format!("no such path {path:?} (the API is under /api/v1/)"),
         )
     })?;
-    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return Err((404, format!("no such path {path:?}")));
+    }
+    rest.split('/')
+        .filter(|p| !p.is_empty())
+        .map(percent_decode)
+        .collect()
+}
+
+/// The methods a path of the API answers (a 405's `Allow`), or None for a path it does not
+/// have (404).
+fn allowed_methods<S: AsRef<str>>(parts: &[S]) -> Option<&'static str> {
+    let parts: Vec<&str> = parts.iter().map(AsRef::as_ref).collect();
+    Some(match parts.as_slice() {
+        ["status"] | ["rebuild"] | ["cleaner"] => "GET",
+        ["volumes"] | ["drives"] => "GET, POST",
+        ["volumes", _] => "GET, PATCH, DELETE",
+        ["drives", _, "fail" | "remove" | "readmit" | "replace"]
+        | ["rebuild", "start" | "pause" | "resume"]
+        | ["cleaner", "run" | "pause" | "resume"]
+        | ["scrub"] => "POST",
+        _ => return None,
+    })
+}
+
+/// The operation a request names.
+pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError> {
+    let segments = segments(path)?;
+    let parts: Vec<&str> = segments.iter().map(String::as_str).collect();
     let op = match (method.as_str(), parts.as_slice()) {
         ("GET", ["status"]) => Op::Status,
         ("GET", ["volumes"]) => Op::VolumeList,
@@ -726,23 +809,22 @@ pub fn route(method: &Method, path: &str, args: &Value) -> Result<Op, RouteError
                 repair: !bool_field(args, "check_only")?,
             }
         }
-        (
-            _,
-            ["status"]
-            | ["volumes"]
-            | ["volumes", _]
-            | ["drives"]
-            | ["drives", _, _]
-            | ["rebuild"]
-            | ["rebuild", _]
-            | ["cleaner"]
-            | ["cleaner", _]
-            | ["scrub"],
-        ) => return Err((405, format!("{method} is not allowed on {path}"))),
-        _ => return Err((404, format!("no such path {path:?}"))),
+        (_, parts) => {
+            return Err(match allowed_methods(parts) {
+                Some(methods) => (
+                    405,
+                    format!("{method} is not allowed on {path} (it takes {methods})"),
+                ),
+                None => (404, format!("no such path {path:?}")),
+            })
+        }
     };
-    if method == Method::GET && !op.read_only() {
-        return Err((405, format!("{method} is not allowed on {path}")));
+    if method == Method::GET {
+        if !op.read_only() {
+            return Err((405, format!("{method} is not allowed on {path}")));
+        }
+        // Routes that take no body refuse one with fields, GETs included.
+        only(args, &[])?;
     }
     Ok(op)
 }
@@ -868,6 +950,137 @@ mod tests {
                 .0,
             400
         );
+    }
+
+    #[test]
+    fn null_is_not_an_absent_field() {
+        let r = |m: Method, p: &str, a: Value| route(&m, p, &a).map_err(|e| e.0);
+        for (m, p, body) in [
+            (Method::POST, "/api/v1/scrub", json!({"check_only": null})),
+            (
+                Method::POST,
+                "/api/v1/cleaner/run",
+                json!({"free_segments": null}),
+            ),
+            (Method::POST, "/api/v1/drives", json!({"path": null})),
+            (Method::POST, "/api/v1/drives", json!({"force": null})),
+            (
+                Method::POST,
+                "/api/v1/drives/1/fail",
+                json!({"force": null}),
+            ),
+            (
+                Method::POST,
+                "/api/v1/drives/1/replace",
+                json!({"path": "/x", "force": null}),
+            ),
+            (
+                Method::PATCH,
+                "/api/v1/volumes/a",
+                json!({"size": 4096, "force": null}),
+            ),
+            (Method::PATCH, "/api/v1/volumes/a", json!({"size": null})),
+            (
+                Method::PATCH,
+                "/api/v1/volumes/a",
+                json!({"compression": "off", "size": null}),
+            ),
+            (
+                Method::POST,
+                "/api/v1/volumes",
+                json!({"name": "a", "size": 1, "compression": null}),
+            ),
+        ] {
+            assert_eq!(r(m.clone(), p, body.clone()), Err(400), "{m} {p} {body}");
+        }
+    }
+
+    #[test]
+    fn unknown_sub_paths_are_404_and_405_says_what_is_allowed() {
+        let r = |m: Method, p: &str| route(&m, p, &json!({})).map_err(|e| e.0);
+        for p in [
+            "/api/v1/rebuild/foo",
+            "/api/v1/cleaner/foo",
+            "/api/v1/drives/0/foo",
+            "/api/v1/drives/0",
+            "/api/v1/volumes/a/b",
+            "/api/v1/scrub/x",
+            "/api/v1status",
+        ] {
+            for m in [Method::GET, Method::POST, Method::DELETE] {
+                assert_eq!(r(m.clone(), p), Err(404), "{m} {p}");
+            }
+        }
+        for (m, p, allow) in [
+            (Method::GET, "/api/v1/rebuild/start", "POST"),
+            (Method::DELETE, "/api/v1/cleaner/run", "POST"),
+            (Method::GET, "/api/v1/drives/0/replace", "POST"),
+            (Method::PUT, "/api/v1/volumes/a", "GET, PATCH, DELETE"),
+            (Method::DELETE, "/api/v1/drives", "GET, POST"),
+            (Method::POST, "/api/v1/status", "GET"),
+        ] {
+            assert_eq!(r(m.clone(), p), Err(405), "{m} {p}");
+            let parts = segments(p).unwrap();
+            assert_eq!(allowed_methods(&parts), Some(allow), "{p}");
+            // Every method Allow names is routed there.
+            for ok in allow.split(", ") {
+                let ok: Method = ok.parse().unwrap();
+                assert_ne!(r(ok.clone(), p), Err(405), "{ok} {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded() {
+        let r = |m: Method, p: &str| route(&m, p, &json!({}));
+        assert_eq!(
+            r(Method::GET, "/api/v1/volumes/%6Fdd"),
+            Ok(Op::VolumeGet { name: "odd".into() })
+        );
+        assert_eq!(r(Method::GET, "/api/v1/%73tatus"), Ok(Op::Status));
+        assert_eq!(
+            r(Method::DELETE, "/api/v1/volumes/a%2Fb"),
+            Ok(Op::VolumeDelete { name: "a/b".into() }),
+            "an escaped slash stays in its segment (the name check refuses it)"
+        );
+        for bad in [
+            "/api/v1/volumes/a%",
+            "/api/v1/volumes/a%4",
+            "/api/v1/volumes/a%zz",
+            "/api/v1/volumes/a%+f",
+            "/api/v1/volumes/%ff",
+        ] {
+            assert_eq!(r(Method::GET, bad).map_err(|e| e.0), Err(400), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gets_refuse_a_body_with_fields() {
+        for p in [
+            "/api/v1/status",
+            "/api/v1/volumes",
+            "/api/v1/volumes/a",
+            "/api/v1/drives",
+            "/api/v1/rebuild",
+            "/api/v1/cleaner",
+        ] {
+            assert!(route(&Method::GET, p, &json!({})).is_ok(), "{p}");
+            assert_eq!(
+                route(&Method::GET, p, &json!({"x": 1})).map_err(|e| e.0),
+                Err(400),
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR  abc "] {
+            assert_eq!(bearer_credentials(v), Some("abc"), "{v:?}");
+        }
+        for v in ["Basic abc", "Bearerabc", "Bearer", "Bear abc"] {
+            assert_eq!(bearer_credentials(v), None, "{v:?}");
+        }
     }
 
     #[test]
