@@ -316,6 +316,9 @@ pub(crate) struct Inner {
     /// Taken to retire lost members (the end of a rebuild) or put one back in service
     /// (`readmit_drive`), so a member is never both.
     pub member_change: Mutex<()>,
+    /// Volume resizes one at a time (`Pool::resize_volume`: a grow's zeroing of the old last
+    /// block and its record must see no other resize between them).
+    pub resize_lock: Mutex<()>,
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
@@ -500,6 +503,7 @@ impl Inner {
             gc_lock: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
             member_change: Mutex::new(()),
+            resize_lock: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
             short_of_members: AtomicBool::new(false),
@@ -931,10 +935,34 @@ impl Pool {
         self.flush()
     }
 
-    /// Grows or shrinks a volume; shrinking discards the blocks past the new end.
+    /// Grows or shrinks a volume; shrinking discards the blocks past the new end. A grow
+    /// from a size that is not a multiple of the block first zeroes the old last block past
+    /// the old end (what was written there before a shrink), durably, so neither the grow nor
+    /// a crash after it brings those bytes back.
     pub fn resize_volume(&self, name: &str, size: u64) -> Result<()> {
         validate_size(size)?;
-        self.inner.log_volume_resize(name, size)?;
+        let i = &self.inner;
+        let _one_resize = i.resize_lock.lock();
+        let vol = {
+            let t = i.volumes.read();
+            let id = t
+                .by_name
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            t.by_id[id].clone()
+        };
+        let old = vol.size.load(Ordering::SeqCst);
+        let block = crate::format::BLOCK as u64;
+        if size > old && !old.is_multiple_of(block) {
+            // Under the block's lock: a merge into it cannot put back what is zeroed.
+            let _block = i.block_lock(vol.id, old / block).lock();
+            if i.zero_past_end(&vol, old)? {
+                i.flush_log()?;
+            }
+            i.log_volume_resize(name, size)?;
+        } else {
+            i.log_volume_resize(name, size)?;
+        }
         self.flush()
     }
 
