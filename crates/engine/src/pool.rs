@@ -1271,11 +1271,14 @@ impl Pool {
     /// Lifts the read-only state set for want of members once more than m are in
     /// service again, and ends the open as a writable one does: with a checkpoint, which
     /// records the members' states in every superblock. (Degraded stripes the open would have
-    /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.)
+    /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.) Not
+    /// while more members are down than parity covers (members taken out by force): that
+    /// checkpoint could not be flushed, and a readmit that put a member back would answer
+    /// with its failure; the pool resumes at the readmit that brings it within parity.
     fn resume_writes_if_enough_members(&self) -> Result<()> {
         let i = &self.inner;
-        let up = i.members_up();
-        if !i.short_of_members.load(Ordering::SeqCst) || up <= i.geo.m as usize {
+        let (up, m) = (i.members_up(), i.geo.m as usize);
+        if !i.short_of_members.load(Ordering::SeqCst) || up <= m || i.drives_down() > m {
             return Ok(());
         }
         {
@@ -1404,10 +1407,13 @@ pub fn validate_name(name: &str) -> Result<()> {
 }
 
 impl Inner {
-    /// Writes this generation's superblock to every usable drive and flushes them.
+    /// Writes this generation's superblock to every usable drive and flushes them. Fails when
+    /// none took it, or when one failed to and that leaves more members down than parity
+    /// covers; members already out of service do not count against it (a forced fail beyond
+    /// parity records the states on the members left, and succeeds).
     pub(crate) fn write_superblocks_gen(&self, generation: u64) -> Result<()> {
         let sbs = self.sb.lock();
-        let mut ok = 0;
+        let (mut ok, mut failed) = (0, 0);
         for (i, slot) in self.drives.iter().enumerate() {
             let Some(d) = slot.usable() else { continue };
             let sb = Superblock {
@@ -1430,10 +1436,13 @@ impl Inner {
                     Stats::add(&self.stats.media_metadata_bytes, 4096);
                     Stats::add(&self.stats.media_checkpoint_bytes, 4096);
                 }
-                Err(e) => self.fail_drive(i, &e),
+                Err(e) => {
+                    failed += 1;
+                    self.fail_drive(i, &e);
+                }
             }
         }
-        if ok == 0 || self.drives_down() > self.geo.m as usize {
+        if ok == 0 || (failed > 0 && self.drives_down() > self.geo.m as usize) {
             return Err(Error::Unavailable(format!(
                 "superblock written to only {ok} drives"
             )));
