@@ -36,20 +36,46 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 /// Most admin connections served at once; more are answered with an error.
 const MAX_ADMIN_CONNECTIONS: usize = 8;
 
-/// The protection left right now, in words: what the pool can still lose.
-pub fn protection(k: usize, m: usize, down: usize) -> String {
+/// Members out of service the pool depends on (failed or missing, not retired) and members in
+/// service, from the members' states.
+pub fn members_down_and_in_service(drives: &[flashpool_engine::DriveStatus]) -> (usize, usize) {
+    let count = |f: fn(&str) -> bool| drives.iter().filter(|d| f(d.state)).count();
+    (
+        count(|s| s == "failed" || s == "missing"),
+        count(|s| s == "active"),
+    )
+}
+
+/// Further member failures the pool survives now: parity less the members down, and never
+/// all the members in service (retired members count for neither).
+pub fn failures_tolerated(m: usize, down: usize, in_service: usize) -> usize {
+    m.saturating_sub(down).min(in_service.saturating_sub(1))
+}
+
+/// The protection left right now, in words: what the pool can still lose, and that it cannot
+/// write with no more members in service than parity chunks (a stripe needs m + 1).
+pub fn protection(k: usize, m: usize, down: usize, in_service: usize) -> String {
     let state = match down {
+        0 if in_service == 0 => "no members in service".to_string(),
         0 => "all members in service".to_string(),
         1 => "one member down".to_string(),
         n => format!("{n} members down"),
     };
-    let left = match m.saturating_sub(down) {
-        0 if down > m => "data unavailable".to_string(),
+    let left = match failures_tolerated(m, down, in_service) {
+        _ if down > m => "data unavailable".to_string(),
         0 => "no further failure tolerated".to_string(),
         1 => "tolerates 1 more failure".to_string(),
         n => format!("tolerates {n} more failures"),
     };
-    format!("{k}+{m}, {state}: {left}")
+    let writes = if in_service <= m {
+        format!(
+            "; read-only: {in_service} members in service, a stripe needs {}",
+            m + 1
+        )
+    } else {
+        String::new()
+    };
+    format!("{k}+{m}, {state}: {left}{writes}")
 }
 
 /// The pool's state as JSON; `dir`, when given, names where missing members were last seen.
@@ -64,11 +90,7 @@ pub fn status_json(
             .flatten()
             .map(|r| (d.to_owned(), r))
     });
-    let down = pool
-        .drives()
-        .iter()
-        .filter(|d| d.state == "failed" || d.state == "missing")
-        .count();
+    let (down, in_service) = members_down_and_in_service(&pool.drives());
     let info = pool.info();
     let stats = pool.stats();
     let rb = pool.rebuild_status();
@@ -94,9 +116,9 @@ pub fn status_json(
         },
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {
-            "k": info.k, "m": info.m, "members_down": down,
-            "failures_tolerated": info.m.saturating_sub(down),
-            "summary": protection(info.k, info.m, down),
+            "k": info.k, "m": info.m, "members_down": down, "members_in_service": in_service,
+            "failures_tolerated": failures_tolerated(info.m, down, in_service),
+            "summary": protection(info.k, info.m, down, in_service),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,
@@ -867,4 +889,102 @@ pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
 /// True when a server holding `dir` answers on its admin socket.
 pub fn server_running(dir: &Path) -> bool {
     UnixStream::connect(socket_path(dir)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashpool_engine::drive::{DriveRef, MemDrive};
+    use flashpool_engine::{DriveStatus, PoolConfig};
+
+    fn members(states: &[&'static str]) -> Vec<DriveStatus> {
+        states
+            .iter()
+            .enumerate()
+            .map(|(index, &state)| DriveStatus {
+                index,
+                state,
+                identity: format!("mem:{index}"),
+                uuid: String::new(),
+                media: None,
+                latency: None,
+            })
+            .collect()
+    }
+
+    fn summary(k: usize, m: usize, states: &[&'static str]) -> (String, usize) {
+        let (down, up) = members_down_and_in_service(&members(states));
+        (protection(k, m, down, up), failures_tolerated(m, down, up))
+    }
+
+    /// Retired members are neither down nor in service: a pool whose members were all
+    /// retired said "4+1, all members in service: tolerates 1 more failure".
+    #[test]
+    fn protection_counts_the_members_in_service() {
+        let r = "retired";
+        assert_eq!(
+            summary(4, 1, &[r, r, r, r, r]),
+            (
+                "4+1, no members in service: no further failure tolerated; read-only: 0 members \
+                 in service, a stripe needs 2"
+                    .into(),
+                0
+            )
+        );
+        assert_eq!(
+            summary(4, 1, &[r, r, "active", "active", "active"]),
+            (
+                "4+1, all members in service: tolerates 1 more failure".into(),
+                1
+            )
+        );
+        assert_eq!(
+            summary(2, 2, &["failed", "missing", "active", "active"]),
+            (
+                "2+2, 2 members down: no further failure tolerated; read-only: 2 members in \
+                 service, a stripe needs 3"
+                    .into(),
+                0
+            )
+        );
+        assert_eq!(
+            summary(4, 1, &["failed", "failed", "active", "active", "active"]).0,
+            "4+1, 2 members down: data unavailable"
+        );
+        assert_eq!(
+            summary(3, 2, &["failed", "active", "active", "active", "active"]),
+            ("3+2, one member down: tolerates 1 more failure".into(), 1)
+        );
+    }
+
+    /// A pool rebuilt down to m + 1 members that then loses one: the status says it is
+    /// read-only for want of members (it said only "no further failure tolerated").
+    #[test]
+    fn status_protection_of_a_pool_short_of_members() {
+        let drives: Vec<DriveRef> = (0..5)
+            .map(|i| Arc::new(MemDrive::new(16 << 20, format!("mem:{i}"))) as DriveRef)
+            .collect();
+        let cfg = PoolConfig {
+            k: 4,
+            m: 1,
+            chunk_size: 16 << 10,
+            segment_size: 1 << 20,
+            checkpoint_interval: 4 << 20,
+        };
+        let pool = Pool::create(drives, &cfg).unwrap();
+        pool.fail_drive(0).unwrap();
+        pool.force_fail_drive(1).unwrap();
+        pool.force_fail_drive(2).unwrap();
+        pool.rebuild().unwrap();
+        pool.fail_drive(3).unwrap();
+        let p = &status_json(&pool, None, None)["protection"];
+        assert_eq!(p["members_down"], 1, "{p}");
+        assert_eq!(p["members_in_service"], 1, "{p}");
+        assert_eq!(p["failures_tolerated"], 0, "{p}");
+        assert_eq!(
+            p["summary"],
+            "4+1, one member down: no further failure tolerated; read-only: 1 members in \
+             service, a stripe needs 2"
+        );
+    }
 }

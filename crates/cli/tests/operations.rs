@@ -617,6 +617,19 @@ fn admin_api_needs_its_token_and_drives_the_pool() {
     // the member left in service), not a bad request; `force` would do it.
     let (code, body) = call("POST", "/api/v1/drives/3/fail", "");
     assert_eq!(code, 409, "{body}");
+    // Forced, it is done and answered so (it answered 503 "superblock written to only 3
+    // drives" after doing it); the protection says the data is unavailable, and a readmit
+    // puts the member back.
+    let (code, body) = call("POST", "/api/v1/drives/3/fail", r#"{"force":true}"#);
+    assert_eq!(code, 200, "{body}");
+    let (_, body) = call("GET", "/api/v1/drives", "");
+    let d = json(&body);
+    assert_eq!(d["drives"][3]["state"], "failed", "{d}");
+    let summary = d["protection"]["summary"].as_str().unwrap();
+    assert!(summary.ends_with("2 members down: data unavailable"), "{d}");
+    assert_eq!(d["protection"]["members_in_service"], 3, "{d}");
+    let (code, body) = call("POST", "/api/v1/drives/3/readmit", "");
+    assert_eq!(code, 200, "{body}");
     // A replacement that cannot be made where it is asked for is the request's fault (400),
     // and changes nothing.
     let (code, body) = call(

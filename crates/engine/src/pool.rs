@@ -316,6 +316,9 @@ pub(crate) struct Inner {
     /// Taken to retire lost members (the end of a rebuild) or put one back in service
     /// (`readmit_drive`), so a member is never both.
     pub member_change: Mutex<()>,
+    /// Volume resizes one at a time (`Pool::resize_volume`: a grow's zeroing of the old last
+    /// block and its record must see no other resize between them).
+    pub resize_lock: Mutex<()>,
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
@@ -503,6 +506,7 @@ impl Inner {
             gc_lock: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
             member_change: Mutex::new(()),
+            resize_lock: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
             read_only: Mutex::new(None),
             short_of_members: AtomicBool::new(false),
@@ -935,10 +939,34 @@ impl Pool {
         self.flush()
     }
 
-    /// Grows or shrinks a volume; shrinking discards the blocks past the new end.
+    /// Grows or shrinks a volume; shrinking discards the blocks past the new end. A grow
+    /// from a size that is not a multiple of the block first zeroes the old last block past
+    /// the old end (what was written there before a shrink), durably, so neither the grow nor
+    /// a crash after it brings those bytes back.
     pub fn resize_volume(&self, name: &str, size: u64) -> Result<()> {
         validate_size(size)?;
-        self.inner.log_volume_resize(name, size)?;
+        let i = &self.inner;
+        let _one_resize = i.resize_lock.lock();
+        let vol = {
+            let t = i.volumes.read();
+            let id = t
+                .by_name
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume {name:?}")))?;
+            t.by_id[id].clone()
+        };
+        let old = vol.size.load(Ordering::SeqCst);
+        let block = crate::format::BLOCK as u64;
+        if size > old && !old.is_multiple_of(block) {
+            // Under the block's lock: a merge into it cannot put back what is zeroed.
+            let _block = i.block_lock(vol.id, old / block).lock();
+            if i.zero_past_end(&vol, old)? {
+                i.flush_log()?;
+            }
+            i.log_volume_resize(name, size)?;
+        } else {
+            i.log_volume_resize(name, size)?;
+        }
         self.flush()
     }
 
@@ -1247,11 +1275,14 @@ impl Pool {
     /// Lifts the read-only state set for want of members once more than m are in
     /// service again, and ends the open as a writable one does: with a checkpoint, which
     /// records the members' states in every superblock. (Degraded stripes the open would have
-    /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.)
+    /// rewritten stay as they are, readable: a later rebuild or cleaning moves them.) Not
+    /// while more members are down than parity covers (members taken out by force): that
+    /// checkpoint could not be flushed, and a readmit that put a member back would answer
+    /// with its failure; the pool resumes at the readmit that brings it within parity.
     fn resume_writes_if_enough_members(&self) -> Result<()> {
         let i = &self.inner;
-        let up = i.members_up();
-        if !i.short_of_members.load(Ordering::SeqCst) || up <= i.geo.m as usize {
+        let (up, m) = (i.members_up(), i.geo.m as usize);
+        if !i.short_of_members.load(Ordering::SeqCst) || up <= m || i.drives_down() > m {
             return Ok(());
         }
         {
@@ -1380,10 +1411,13 @@ pub fn validate_name(name: &str) -> Result<()> {
 }
 
 impl Inner {
-    /// Writes this generation's superblock to every usable drive and flushes them.
+    /// Writes this generation's superblock to every usable drive and flushes them. Fails when
+    /// none took it, or when one failed to and that leaves more members down than parity
+    /// covers; members already out of service do not count against it (a forced fail beyond
+    /// parity records the states on the members left, and succeeds).
     pub(crate) fn write_superblocks_gen(&self, generation: u64) -> Result<()> {
         let sbs = self.sb.lock();
-        let mut ok = 0;
+        let (mut ok, mut failed) = (0, 0);
         for (i, slot) in self.drives.iter().enumerate() {
             let Some(d) = slot.usable() else { continue };
             let sb = Superblock {
@@ -1406,10 +1440,13 @@ impl Inner {
                     Stats::add(&self.stats.media_metadata_bytes, 4096);
                     Stats::add(&self.stats.media_checkpoint_bytes, 4096);
                 }
-                Err(e) => self.fail_drive(i, &e),
+                Err(e) => {
+                    failed += 1;
+                    self.fail_drive(i, &e);
+                }
             }
         }
-        if ok == 0 || self.drives_down() > self.geo.m as usize {
+        if ok == 0 || (failed > 0 && self.drives_down() > self.geo.m as usize) {
             return Err(Error::Unavailable(format!(
                 "superblock written to only {ok} drives"
             )));

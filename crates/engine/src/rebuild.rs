@@ -131,6 +131,16 @@ impl Inner {
                 "rebuild: {stranded} live blocks still on lost members; lost drives stay in the pool"
             )));
         }
+        // Retiring is for good (a retired member is never readmitted): never down to fewer
+        // members in service than a stripe needs (1 data + m parity chunks), where the pool
+        // could not write again; the lost ones stay failed, and a readmit brings one back.
+        let (up, need) = (self.members_up(), self.geo.m as usize + 1);
+        if lost != 0 && up < need {
+            return Err(crate::error::Error::Unavailable(format!(
+                "rebuild: only {up} members in service, a stripe needs {need}: the lost members \
+                 stay in the pool, not retired (`flashpool drive readmit N` puts one back)"
+            )));
+        }
         for (i, slot) in self.drives.iter().enumerate() {
             if lost & (1 << i) != 0 {
                 slot.retired.store(true, Ordering::SeqCst);

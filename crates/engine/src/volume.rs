@@ -31,10 +31,61 @@ impl VolumeState {
         }
     }
 
+    /// Sets the size and unmaps every block past the smaller of the old and new ends (the
+    /// caller holds the writer lock, or replays the log). The size is lowered first; writes
+    /// and trims check it again under the writer lock when they change the map
+    /// ([`VolumeState::holds_blocks`]), so one checked against the old size either changed
+    /// the map before this (and is discarded here) or is refused: none lands past the end
+    /// after the clear, to reappear when the volume grows again. A grow clears too: blocks
+    /// past the old end are never meant to be mapped.
     pub(crate) fn resize(&self, size: u64, released: impl FnMut(u64)) {
-        let blocks = size.div_ceil(B);
+        let old = self.size.swap(size, Ordering::SeqCst);
+        let blocks = old.min(size).div_ceil(B);
         self.map.clear_range(blocks, u64::MAX - blocks, released);
-        self.size.store(size, Ordering::SeqCst);
+    }
+
+    /// Refuses blocks `[lba, lba + count)` unless they lie within the volume: whole, for a
+    /// host's write of whole blocks or a trim (`whole`), or up to its last (partial) block,
+    /// for a merge into part of a block (checked to the byte under that block's lock,
+    /// `Volume::merge_block`). Asked under the writer lock, where resizes change the size:
+    /// the range check before it (`Volume::check`) may have seen a size a shrink has lowered
+    /// since.
+    pub(crate) fn holds_blocks(&self, lba: u64, count: u64, whole: bool) -> Result<()> {
+        let size = self.size.load(Ordering::SeqCst);
+        let end = lba.saturating_add(count).saturating_mul(B);
+        let limit = if whole { size } else { size.div_ceil(B) * B };
+        if end > limit {
+            return Err(Error::OutOfRange {
+                offset: lba.saturating_mul(B),
+                len: count.saturating_mul(B),
+                size,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// The lock a read-merge-write of part of block `lba` of volume `vol` holds.
+    pub(crate) fn block_lock(&self, vol: u32, lba: u64) -> &parking_lot::Mutex<()> {
+        &self.block_locks[(lba as usize ^ vol as usize) % self.block_locks.len()]
+    }
+
+    /// Zeroes the bytes of the volume's last block past `size` (its size, not a multiple of
+    /// the block), where a write before a shrink may have left data that a grow would bring
+    /// back; the caller holds the block's lock. True when it wrote the block.
+    pub(crate) fn zero_past_end(&self, vol: &VolumeState, size: u64) -> Result<bool> {
+        let (lba, at) = (size / B, (size % B) as usize);
+        if at == 0 {
+            return Ok(false);
+        }
+        let mut block = [0u8; BLOCK];
+        if !self.read_block(vol, lba, &mut block)? || block[at..].iter().all(|&b| b == 0) {
+            return Ok(false);
+        }
+        block[at..].fill(0);
+        self.write_blocks(vol, lba, &block, 0)?;
+        Ok(true)
     }
 }
 
@@ -272,9 +323,10 @@ impl Volume {
 
     /// Read-merge-write of part of one block, under that block's lock.
     fn merge_block(&self, lba: u64, at: usize, bytes: &[u8]) -> Result<()> {
-        let lock = &self.pool.block_locks
-            [(lba as usize ^ self.vol.id as usize) % self.pool.block_locks.len()];
-        let _g = lock.lock();
+        let _g = self.pool.block_lock(self.vol.id, lba).lock();
+        // Again under the lock: a shrink since the range check must not let bytes past the
+        // new end in (a grow zeroes them under this lock, `Pool::resize_volume`).
+        self.check(lba * B + at as u64, bytes.len() as u64)?;
         let mut block = [0u8; BLOCK];
         if self.pool.read_block(&self.vol, lba, &mut block)? {
             Stats::add(&self.pool.stats.unaligned_merge_read_bytes, B);

@@ -492,6 +492,9 @@ impl Inner {
                         vol.name
                     )));
                 }
+                // A shrink since the caller's range check: nothing past the new end.
+                let from = lba + (first + next) as u64;
+                vol.holds_blocks(from, (n - next) as u64, host_per_block == BLOCK as u64)?;
                 while next < n {
                     let (bytes, flags, crc) = &group[next];
                     let stored = bytes.as_deref().unwrap_or(raw(next));
@@ -557,6 +560,7 @@ impl Inner {
                     vol.name
                 )));
             }
+            vol.holds_blocks(lba, count, true)?;
             if !open.push_record(Record::Trim {
                 vol: vol.id,
                 lba,

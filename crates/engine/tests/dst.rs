@@ -319,7 +319,13 @@ impl VolModel {
         }
     }
 
+    /// A grow from an end that is not a multiple of the block reads zeros past the old end:
+    /// the bytes written there before a shrink are gone (`Pool::resize_volume`).
     fn resize(&mut self, size: u64) {
+        if size > self.size && !self.size.is_multiple_of(B) {
+            let (b, at) = ((self.size / B) as usize, (self.size % B) as usize);
+            self.current[b][at..].fill(0);
+        }
         let n = size.div_ceil(B) as usize;
         self.current.resize(n, vec![0; B as usize]);
         self.candidates.resize(n, vec![vec![0; B as usize]]);
