@@ -233,7 +233,13 @@ impl Inner {
                     {
                         Stats::add(&self.stats.write_errors, 1);
                     }
-                    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                    let out_of_space =
+                        matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+                    let on_host_fs = self.drives[d]
+                        .drive
+                        .as_ref()
+                        .is_some_and(|x| x.space_from_host_filesystem());
+                    if out_of_space && on_host_fs {
                         // The filesystem under a file drive is full (a sparse drive file):
                         // the drive is healthy, so it stays in service. Its chunk is
                         // missing; reads rebuild it and queue the segment for repair.
@@ -244,6 +250,18 @@ impl Inner {
                             error = %e,
                             "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
                         );
+                    } else if out_of_space {
+                        // Not a file on a host filesystem (a block device: one that shrank
+                        // under the pool answers ENOSPC past its new end): the device
+                        // refused the write, an I/O error like any other.
+                        let why = std::io::Error::new(
+                            e.kind(),
+                            format!(
+                                "{e}: the device refused a write inside the pool's area (a \
+                                 block device answers ENOSPC past its end: did it shrink?)"
+                            ),
+                        );
+                        self.fail_drive(d, &why);
                     } else {
                         self.fail_drive(d, &e);
                     }
