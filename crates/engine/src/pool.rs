@@ -1148,7 +1148,9 @@ impl Pool {
     }
 
     /// Drives failed by I/O errors (not by an operator, not rebuilt) that now pass a write,
-    /// flush and read-back in their reserved area are put back in service; returns them.
+    /// flush and read-back in their reserved area, and a read of the last block of the pool's
+    /// area on them (a device that shrank, or a drive file cut short, fails it: its writes and
+    /// reads past the new end would fail again at once), are put back in service; returns them.
     pub fn readmit_healthy_drives(&self) -> Vec<usize> {
         let mut back = Vec::new();
         for (i, slot) in self.inner.drives.iter().enumerate() {
@@ -1163,10 +1165,13 @@ impl Pool {
             let mut probe = AlignedBuf::zeroed(4096);
             probe[..16].copy_from_slice(&self.inner.uuid);
             let mut back_buf = AlignedBuf::zeroed(4096);
+            let last =
+                (self.inner.geo.drive_size.min(d.info().size) / 4096).saturating_sub(1) * 4096;
             let ok = d.write_at(8192, &probe).is_ok()
                 && d.flush().is_ok()
                 && d.read_at(8192, &mut back_buf).is_ok()
-                && back_buf[..] == probe[..];
+                && back_buf[..] == probe[..]
+                && d.read_at(last, &mut back_buf).is_ok();
             if ok && self.readmit_drive(i).is_ok() {
                 back.push(i);
             }

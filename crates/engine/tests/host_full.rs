@@ -230,3 +230,29 @@ fn enospc_from_drives_is_not_a_drive_failure() {
         );
     }
 }
+
+/// A member failed because its device shrank is not put back by the server's probe for
+/// drives whose fault passed (a write and read-back in the reserved area at the front, which
+/// the shrunk device still has): it would fail again at its next write past the new end, and
+/// each return moves the segments written while it was out.
+#[test]
+fn a_shrunk_member_is_not_readmitted_by_the_probe() {
+    let (pool, _mems, end) = pool_with_a_block_device();
+    let vol = pool.volume("v").unwrap();
+    end.store(2 << 20, Ordering::SeqCst);
+    for lba in 0..2000u64 {
+        vol.write(lba * 4096, &block_for(lba)).unwrap();
+    }
+    pool.flush().unwrap();
+    assert_eq!(pool.drives()[2].state, "failed", "{:?}", pool.drives());
+    assert_eq!(pool.readmit_healthy_drives(), Vec::<usize>::new());
+    assert_eq!(pool.drives()[2].state, "failed", "{:?}", pool.drives());
+    // Grown back (the backing file restored): the probe passes and the member returns.
+    end.store(u64::MAX, Ordering::SeqCst);
+    assert_eq!(pool.readmit_healthy_drives(), vec![2]);
+    let mut b = vec![0u8; 4096];
+    for lba in 0..2000u64 {
+        vol.read(lba * 4096, &mut b).unwrap();
+        assert!(b == block_for(lba), "block {lba}");
+    }
+}
