@@ -64,12 +64,8 @@ pub fn status_json(
             .flatten()
             .map(|r| (d.to_owned(), r))
     });
-    let down = pool
-        .drives()
-        .iter()
-        .filter(|d| d.state == "failed" || d.state == "missing")
-        .count();
     let info = pool.info();
+    let down = info.members_down;
     let stats = pool.stats();
     let rb = pool.rebuild_status();
     let host = stats.host_write_bytes.max(1) as f64;
@@ -95,7 +91,7 @@ pub fn status_json(
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {
             "k": info.k, "m": info.m, "members_down": down,
-            "failures_tolerated": info.m.saturating_sub(down),
+            "failures_tolerated": info.failures_tolerated,
             "summary": protection(info.k, info.m, down),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({

@@ -422,6 +422,11 @@ pub struct PoolInfo {
     pub live_limit_bytes: Option<u64>,
     /// Bytes of live (mapped) data.
     pub live_bytes: u64,
+    /// Members out of service the pool still depends on (failed or missing, not retired).
+    pub members_down: usize,
+    /// Further member failures every stripe survives now: parity chunks less members down
+    /// (0 when none).
+    pub failures_tolerated: usize,
 }
 
 /// One segment as the cleaner sees it (`Pool::segments`).
@@ -1055,6 +1060,8 @@ impl Pool {
                 * g.segment_size
                 * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
+            members_down: i.drives_down(),
+            failures_tolerated: (g.m as usize).saturating_sub(i.drives_down()),
         }
     }
 

@@ -673,19 +673,15 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
                 .map(|fl| (vec![i.as_str()], fl.at_unix_secs as f64))
         }),
     );
-    let down = drives
-        .iter()
-        .filter(|d| d.state == "failed" || d.state == "missing")
-        .count();
     f.gauge(
         "flashpool_drives_down",
         "Members failed or missing.",
-        down as f64,
+        info.members_down as f64,
     );
     f.gauge(
         "flashpool_failures_tolerated",
         "Further member failures the pool survives now (parity members less members down).",
-        info.m.saturating_sub(down) as f64,
+        info.failures_tolerated as f64,
     );
     f.gauge(
         "flashpool_stripe_data_width",
