@@ -36,14 +36,24 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 /// Most admin connections served at once; more are answered with an error.
 const MAX_ADMIN_CONNECTIONS: usize = 8;
 
-/// The protection left right now, in words: what the pool can still lose.
-pub fn protection(k: usize, m: usize, down: usize) -> String {
-    let state = match down {
+/// The protection left right now, in words: what the pool can still lose. `short`: members in
+/// service holding stripes a chunk short (their host filesystem was full), until repaired.
+pub fn protection(k: usize, m: usize, down: usize, short: usize) -> String {
+    let mut state = match down {
         0 => "all members in service".to_string(),
         1 => "one member down".to_string(),
         n => format!("{n} members down"),
     };
-    let left = match m.saturating_sub(down) {
+    match short {
+        0 => {}
+        1 => state.push_str(
+            ", one in service missing chunks its full host filesystem refused (until repaired)",
+        ),
+        n => state.push_str(&format!(
+            ", {n} in service missing chunks their full host filesystems refused (until repaired)"
+        )),
+    }
+    let left = match m.saturating_sub(down + short) {
         0 if down > m => "data unavailable".to_string(),
         0 => "no further failure tolerated".to_string(),
         1 => "tolerates 1 more failure".to_string(),
@@ -91,8 +101,9 @@ pub fn status_json(
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {
             "k": info.k, "m": info.m, "members_down": down,
+            "members_short": info.members_short,
             "failures_tolerated": info.failures_tolerated,
-            "summary": protection(info.k, info.m, down),
+            "summary": protection(info.k, info.m, down, info.members_short),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,

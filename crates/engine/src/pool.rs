@@ -84,8 +84,11 @@ pub(crate) struct DriveSlot {
     /// When and why this process took the member out of service (for status).
     pub failure: Mutex<Option<DriveFailure>>,
     /// Segments holding a stripe whose chunk on this member was not written (the member was
-    /// out of service when the stripe, placed before, went to the drives): before the member
-    /// is re-admitted their live data is moved, or those chunks would read as garbage.
+    /// out of service when the stripe, placed before, went to the drives; or, in service, its
+    /// write failed because the filesystem under the drive file was full): before the member
+    /// is re-admitted their live data is moved, or those chunks would read as garbage; while
+    /// the member is in service, such segments holding live data cost the pool one failure it
+    /// survives (`Inner::members_short`). A segment leaves the set when it is filled again.
     pub missed: Mutex<BTreeSet<u32>>,
 }
 
@@ -424,8 +427,13 @@ pub struct PoolInfo {
     pub live_bytes: u64,
     /// Members out of service the pool still depends on (failed or missing, not retired).
     pub members_down: usize,
+    /// Members in service holding stripes whose chunk on them could not be written (the
+    /// filesystem under the drive file was full), in segments that still hold live data:
+    /// those stripes have one chunk of parity fewer until a repair moves their data
+    /// (`Pool::repair_pending`, scrub).
+    pub members_short: usize,
     /// Further member failures every stripe survives now: parity chunks less members down
-    /// (0 when none).
+    /// and members short (0 when none).
     pub failures_tolerated: usize,
 }
 
@@ -611,6 +619,21 @@ impl Inner {
         self.drives
             .iter()
             .filter(|d| d.usable().is_none() && !d.retired.load(Ordering::Relaxed))
+            .count()
+    }
+
+    /// Members in service holding stripes whose chunk on them was not written (their host
+    /// filesystem was full), in segments that still hold live data (`PoolInfo::members_short`).
+    pub(crate) fn members_short(&self) -> usize {
+        self.drives
+            .iter()
+            .filter(|d| {
+                d.usable().is_some()
+                    && d.missed
+                        .lock()
+                        .iter()
+                        .any(|&s| self.live[s as usize].load(Ordering::Relaxed) > 0)
+            })
             .count()
     }
 
@@ -1061,7 +1084,8 @@ impl Pool {
                 * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
             members_down: i.drives_down(),
-            failures_tolerated: (g.m as usize).saturating_sub(i.drives_down()),
+            members_short: i.members_short(),
+            failures_tolerated: (g.m as usize).saturating_sub(i.drives_down() + i.members_short()),
         }
     }
 

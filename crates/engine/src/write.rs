@@ -43,8 +43,12 @@ impl Inner {
             urgent,
         )?;
         if plan.fresh {
-            // The segment held other stripes before: a cached scan of it is stale.
+            // The segment held other stripes before: a cached scan of it is stale, and the
+            // chunks they missed on a member are gone with them.
             self.seg_index.lock().remove(plan.segment);
+            for d in self.drives.iter() {
+                d.missed.lock().remove(&plan.segment);
+            }
             self.written_slots[plan.segment as usize].store(0, Ordering::Relaxed);
             self.update_live_limit(w);
         }

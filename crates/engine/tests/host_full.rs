@@ -256,3 +256,60 @@ fn a_shrunk_member_is_not_readmitted_by_the_probe() {
         assert!(b == block_for(lba), "block {lba}");
     }
 }
+
+/// A member in service whose chunks could not be written (its host filesystem full) holds
+/// stripes one chunk short: until they are repaired the pool survives one failure fewer, and
+/// says so (it said "tolerates 1 more failure" while those stripes had no parity left).
+#[test]
+fn chunks_a_full_filesystem_refused_count_against_protection() {
+    let mems = mem_drives(5, false);
+    let flags: Vec<Arc<AtomicBool>> = (0..5).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let drives: Vec<DriveRef> = mems
+        .iter()
+        .zip(&flags)
+        .map(|(m, f)| {
+            Arc::new(FullFs {
+                inner: m.clone(),
+                full: f.clone(),
+            }) as DriveRef
+        })
+        .collect();
+    // No checkpoint while the filesystem is full (this drive refuses every write, where a
+    // real sparse file still takes overwrites of its superblock slots).
+    let cfg = flashpool_engine::PoolConfig {
+        checkpoint_interval: 1 << 30,
+        ..small_config(4, 1)
+    };
+    let pool = Pool::create(drives, &cfg).unwrap();
+    pool.create_volume_with("v", 8 << 20, flashpool_engine::Compression::Off)
+        .unwrap();
+    let vol = pool.volume("v").unwrap();
+    for lba in 0..300u64 {
+        vol.write(lba * 4096, &block_for(lba)).unwrap();
+    }
+    pool.flush().unwrap();
+    assert_eq!(pool.info().failures_tolerated, 1);
+    flags[2].store(true, Ordering::SeqCst);
+    for lba in 300..900u64 {
+        vol.write(lba * 4096, &block_for(lba)).unwrap();
+    }
+    pool.flush().unwrap();
+    let info = pool.info();
+    assert_eq!(info.members_down, 0, "{info:?}");
+    assert_eq!(info.failures_tolerated, 0, "{info:?}");
+    // Space back: the repair moves the short stripes' data into whole ones.
+    flags[2].store(false, Ordering::SeqCst);
+    assert!(pool.repair_pending().unwrap() > 0);
+    let info = pool.info();
+    assert_eq!(info.failures_tolerated, 1, "after the repair: {info:?}");
+    // And it is true: any one member lost, every block reads.
+    for lost in 0..5 {
+        pool.fail_drive(lost).unwrap();
+        let mut b = vec![0u8; 4096];
+        for lba in 0..900u64 {
+            vol.read(lba * 4096, &mut b).unwrap();
+            assert!(b == block_for(lba), "block {lba} with member {lost} lost");
+        }
+        pool.readmit_drive(lost).unwrap();
+    }
+}

@@ -680,7 +680,7 @@ pub fn pool_families(pool: &Pool, controls: &Controls, started: Instant) -> Vec<
     );
     f.gauge(
         "flashpool_failures_tolerated",
-        "Further member failures the pool survives now (parity members less members down).",
+        "Further member failures the pool survives now (parity members less members down, and less members in service missing chunks their full host filesystem refused).",
         info.failures_tolerated as f64,
     );
     f.gauge(
