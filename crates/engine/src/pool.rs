@@ -11,6 +11,7 @@ use crate::format::superblock::{
     validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES,
 };
 use crate::layout::{SegState, SegmentTable};
+use crate::log_limit::LogLimit;
 use crate::map::BlockMap;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
@@ -72,6 +73,14 @@ impl Default for OpenOptions {
     }
 }
 
+/// Read errors past which a member is taken out of service (`Inner::note_read_error`), within
+/// `READ_ERROR_WINDOW`: as Linux md fails a member after 20 corrected read errors, and ZFS's
+/// fault daemon a device after 10 I/O errors in 10 minutes. Fewer are erasures: the blocks are
+/// rebuilt from parity and their segments repaired.
+pub const READ_ERROR_LIMIT: u32 = 20;
+/// The window `READ_ERROR_LIMIT` counts in.
+pub const READ_ERROR_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// One member drive slot.
 pub(crate) struct DriveSlot {
     pub drive: Option<DriveRef>,
@@ -79,8 +88,10 @@ pub(crate) struct DriveSlot {
     pub failed: AtomicBool,
     /// Out of service and rebuilt: nothing depends on this member any more.
     pub retired: AtomicBool,
-    /// Taken out by an operator, not by an I/O error: never re-admitted by a probe.
-    pub by_request: AtomicBool,
+    /// Never put back by the probe for transient faults (`Pool::readmit_healthy_drives`): taken
+    /// out by an operator, or by read errors past the limit (`Inner::note_read_error`), which a
+    /// write and read-back of a block it reserves says nothing about.
+    pub no_probe: AtomicBool,
     /// When and why this process took the member out of service (for status).
     pub failure: Mutex<Option<DriveFailure>>,
     /// Segments holding a stripe whose chunk on this member was not written (the member was
@@ -90,6 +101,13 @@ pub(crate) struct DriveSlot {
     /// the member is in service, such segments holding live data cost the pool one failure it
     /// survives (`Inner::members_short`). A segment leaves the set when it is filled again.
     pub missed: Mutex<BTreeSet<u32>>,
+    /// Read errors of this member in the current window (`Inner::note_read_error`): when the
+    /// window began, and how many.
+    pub read_faults: Mutex<(Option<std::time::Instant>, u32)>,
+    /// Warnings about this member's reads (errors, CRC mismatches), at a bounded rate.
+    pub read_log: LogLimit,
+    /// Errors about this member's writes refused by a full host filesystem, at a bounded rate.
+    pub write_log: LogLimit,
 }
 
 /// When and why a member went out of service.
@@ -107,9 +125,12 @@ impl DriveSlot {
             drive,
             failed: AtomicBool::new(state != MEMBER_ACTIVE),
             retired: AtomicBool::new(state == MEMBER_RETIRED),
-            by_request: AtomicBool::new(state != MEMBER_ACTIVE),
+            no_probe: AtomicBool::new(state != MEMBER_ACTIVE),
             failure: Mutex::new(None),
             missed: Mutex::new(BTreeSet::new()),
+            read_faults: Mutex::new((None, 0)),
+            read_log: LogLimit::default(),
+            write_log: LogLimit::default(),
         }
     }
 
@@ -345,6 +366,8 @@ pub(crate) struct Inner {
     /// A stripe was lost because the filesystem under the drive files filled up: hosts get
     /// ENOSPC (not a drive failure) from then on.
     pub host_full: AtomicBool,
+    /// Errors about blocks parity could not recover, at a bounded rate.
+    pub lost_log: LogLimit,
     /// The stripe writers' queue, once `Pool::start_stripe_writers` started them.
     pub stripe_queue: std::sync::OnceLock<Arc<crate::stripe_writer::StripeQueue>>,
     /// Record stamps (on once the latest checkpoint's log is stamped).
@@ -525,6 +548,7 @@ impl Inner {
             needs_repair: Mutex::new(BTreeSet::new()),
             last_scrub: Mutex::new(None),
             host_full: AtomicBool::new(false),
+            lost_log: LogLimit::default(),
             stripe_queue: std::sync::OnceLock::new(),
             stamps: Default::default(),
             reclaimed_records: Mutex::new(HashMap::new()),
@@ -635,6 +659,68 @@ impl Inner {
                         .any(|&s| self.live[s as usize].load(Ordering::Relaxed) > 0)
             })
             .count()
+    }
+
+    /// A read of member `d` at `offset` failed with an I/O error (the caller rebuilds what it
+    /// needed from parity): counted, logged at a bounded rate, and past `READ_ERROR_LIMIT`
+    /// errors within `READ_ERROR_WINDOW` the member is taken out of service as on a write
+    /// error (and left out by the probe for transient faults), unless parity covers no further
+    /// loss or the members left could not write a stripe: then it stays, and reads go on
+    /// rebuilding around it.
+    pub(crate) fn note_read_error(&self, d: usize, offset: u64, err: &dyn std::fmt::Display) {
+        Stats::add(&self.stats.read_errors, 1);
+        let Some(slot) = self.drives.get(d) else {
+            return;
+        };
+        if let Some(a) = slot.read_log.admit() {
+            tracing::warn!(drive = d, offset, error = %err, "read error; reconstructing{}", a.note());
+        }
+        if slot.usable().is_none() {
+            return;
+        }
+        let count = {
+            let mut f = slot.read_faults.lock();
+            let now = std::time::Instant::now();
+            if f.0
+                .is_none_or(|t| now.duration_since(t) >= READ_ERROR_WINDOW)
+            {
+                *f = (Some(now), 0);
+            }
+            f.1 += 1;
+            f.1
+        };
+        if count <= READ_ERROR_LIMIT {
+            return;
+        }
+        // One decision at a time, so two members past the limit cannot both go out when
+        // parity covers one.
+        let _members = self.member_change.lock();
+        if slot.usable().is_none() {
+            return;
+        }
+        // Not when parity covers no further loss, nor when too few members would be left to
+        // write a stripe (m + 1): the pool would lose data or writes for blocks it can still
+        // rebuild.
+        let m = self.geo.m as usize;
+        if self.drives_down() >= m || self.members_up() <= m + 1 {
+            if count == READ_ERROR_LIMIT + 1 {
+                tracing::error!(
+                    drive = d,
+                    errors = count,
+                    "member keeps failing reads, but the pool cannot spare it: it stays in \
+                     service and its blocks are rebuilt from the others; replace it"
+                );
+            }
+            return;
+        }
+        slot.no_probe.store(true, Ordering::SeqCst);
+        self.fail_drive(
+            d,
+            &std::io::Error::other(format!(
+                "{count} read errors within {} s (the last: {err})",
+                READ_ERROR_WINDOW.as_secs()
+            )),
+        );
     }
 
     /// Marks a drive failed after an I/O error.
@@ -1187,7 +1273,7 @@ impl Pool {
         for (i, slot) in self.inner.drives.iter().enumerate() {
             if !slot.failed.load(Ordering::SeqCst)
                 || slot.retired.load(Ordering::SeqCst)
-                || slot.by_request.load(Ordering::SeqCst)
+                || slot.no_probe.load(Ordering::SeqCst)
             {
                 continue;
             }
@@ -1263,7 +1349,8 @@ impl Pool {
             }
             slot.failed.store(false, Ordering::SeqCst);
         }
-        slot.by_request.store(false, Ordering::SeqCst);
+        slot.no_probe.store(false, Ordering::SeqCst);
+        *slot.read_faults.lock() = (None, 0);
         *slot.failure.lock() = None;
         self.inner.states_dirty.store(true, Ordering::SeqCst);
         tracing::info!(drive = index, "drive back in service");
@@ -1324,7 +1411,7 @@ impl Pool {
                 down + 1
             )));
         }
-        slot.by_request.store(true, Ordering::SeqCst);
+        slot.no_probe.store(true, Ordering::SeqCst);
         inner.fail_drive(index, &std::io::Error::other("failed by request"));
         self.sync_member_states()
     }

@@ -249,11 +249,14 @@ impl Inner {
                         // missing; reads rebuild it and queue the segment for repair.
                         host_full = true;
                         self.needs_repair.lock().insert(s.segment);
-                        tracing::error!(
-                            drive = d,
-                            error = %e,
-                            "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
-                        );
+                        if let Some(a) = self.drives[d].write_log.admit() {
+                            tracing::error!(
+                                drive = d,
+                                error = %e,
+                                "the filesystem under this drive is full: drive files should be allocated (the default), not sparse{}",
+                                a.note()
+                            );
+                        }
                     } else if out_of_space {
                         // Not a file on a host filesystem (a block device: one that shrank
                         // under the pool answers ENOSPC past its new end): the device
