@@ -144,6 +144,8 @@ impl Inner {
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
     /// `urgent`: the move frees space (the cleaner), so it may use the cleaner's reserve.
+    /// Moves out of a stripe with a chunk on a member out of service count as rebuilt
+    /// (`Inner::rebuild_moved`).
     pub(crate) fn relocate_stripe(
         &self,
         desc: &crate::scan::StripeDesc,
@@ -155,6 +157,11 @@ impl Inner {
         let Some(records) = &desc.records else {
             return Ok(());
         };
+        let lost = self.lost_mask();
+        let rebuilds = desc
+            .chunks
+            .iter()
+            .any(|c| lost & crate::layout::member_bit(c.drive as usize) != 0);
         let mut live = Vec::new();
         for r in records {
             let Record::Write {
@@ -203,6 +210,9 @@ impl Inner {
                 let moved = self.append_mapped(open, &v, lba, bytes, crc, flags, Some(expected));
                 if moved.is_some() {
                     Stats::add(&self.stats.gc_relocated_bytes, len as u64);
+                    if rebuilds {
+                        self.rebuild_moved.fetch_add(len as u64, Ordering::Relaxed);
+                    }
                 }
                 Ok(moved)
             })?;
@@ -317,6 +327,7 @@ impl Inner {
     /// normal read path (reconstructing as needed). Slower than `relocate_stripe` (it walks
     /// every map), for the rare segment whose stripe records are unreadable.
     fn relocate_by_map(&self, seg: u32, urgent: bool) -> Result<()> {
+        let rebuilds = self.writer.lock().segs.drives_used[seg as usize] & self.lost_mask() != 0;
         let vols: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
         for v in vols {
             let mut found = Vec::new();
@@ -343,6 +354,10 @@ impl Inner {
                     let moved = self.append_mapped(open, &v, lba, &block, crc, 0, Some(expected));
                     if moved.is_some() {
                         Stats::add(&self.stats.gc_relocated_bytes, block.len() as u64);
+                        if rebuilds {
+                            self.rebuild_moved
+                                .fetch_add(block.len() as u64, Ordering::Relaxed);
+                        }
                     }
                     Ok(moved)
                 })?;

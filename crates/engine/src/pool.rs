@@ -341,6 +341,10 @@ pub(crate) struct Inner {
     /// (`readmit_drive`), so a member is never both.
     pub member_change: Mutex<()>,
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
+    /// Live bytes moved out of stripes with a chunk on a member out of service (by the open's
+    /// rewrite of degraded stripes, a rebuild, the cleaner) since the last rebuild completed or
+    /// no member was left out: what a rebuild reports as moved.
+    pub rebuild_moved: AtomicU64,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
     /// `read_only` was set because no more than m members were in service (at open or since,
@@ -537,6 +541,7 @@ impl Inner {
             rebuild_lock: Mutex::new(()),
             member_change: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
+            rebuild_moved: AtomicU64::new(0),
             read_only: Mutex::new(None),
             short_of_members: AtomicBool::new(false),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
@@ -1353,6 +1358,9 @@ impl Pool {
         *slot.read_faults.lock() = (None, 0);
         *slot.failure.lock() = None;
         self.inner.states_dirty.store(true, Ordering::SeqCst);
+        if self.inner.lost_mask() == 0 {
+            self.inner.rebuild_moved.store(0, Ordering::SeqCst);
+        }
         tracing::info!(drive = index, "drive back in service");
         self.resume_writes_if_enough_members()?;
         if !missed.is_empty() && short {
