@@ -47,14 +47,15 @@ pub fn protection(k: usize, m: usize, down: usize, short: usize) -> String {
     match short {
         0 => {}
         1 => state.push_str(
-            ", one in service missing chunks its full host filesystem refused (until repaired)",
+            ", one member missing chunks its full host filesystem refused (until repaired)",
         ),
         n => state.push_str(&format!(
-            ", {n} in service missing chunks their full host filesystems refused (until repaired)"
+            ", {n} members missing chunks their full host filesystems refused (until repaired)"
         )),
     }
     let left = match m.saturating_sub(down + short) {
         0 if down > m => "data unavailable".to_string(),
+        0 if down + short > m => "stripes a chunk short may be unreadable".to_string(),
         0 => "no further failure tolerated".to_string(),
         1 => "tolerates 1 more failure".to_string(),
         n => format!("tolerates {n} more failures"),
@@ -859,4 +860,36 @@ pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
 /// True when a server holding `dir` answers on its admin socket.
 pub fn server_running(dir: &Path) -> bool {
     UnixStream::connect(socket_path(dir)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::protection;
+
+    #[test]
+    fn protection_counts_members_missing_chunks() {
+        assert_eq!(
+            protection(4, 1, 0, 0),
+            "4+1, all members in service: tolerates 1 more failure"
+        );
+        assert_eq!(
+            protection(4, 1, 0, 1),
+            "4+1, all members in service, one member missing chunks its full host filesystem \
+             refused (until repaired): no further failure tolerated"
+        );
+        assert_eq!(
+            protection(4, 2, 0, 1),
+            "4+2, all members in service, one member missing chunks its full host filesystem \
+             refused (until repaired): tolerates 1 more failure"
+        );
+        assert_eq!(
+            protection(4, 1, 1, 1),
+            "4+1, one member down, one member missing chunks its full host filesystem refused \
+             (until repaired): stripes a chunk short may be unreadable"
+        );
+        assert_eq!(
+            protection(4, 1, 2, 0),
+            "4+1, 2 members down: data unavailable"
+        );
+    }
 }

@@ -1149,6 +1149,7 @@ impl Pool {
             (w.segs.free_count(), w.segs.low_water())
         };
         let healthy = i.members_up();
+        let (down, short) = (i.drives_down(), i.members_short());
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
         PoolInfo {
@@ -1174,9 +1175,9 @@ impl Pool {
                 * g.segment_size
                 * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
-            members_down: i.drives_down(),
-            members_short: i.members_short(),
-            failures_tolerated: (g.m as usize).saturating_sub(i.drives_down() + i.members_short()),
+            members_down: down,
+            members_short: short,
+            failures_tolerated: (g.m as usize).saturating_sub(down + short),
         }
     }
 
