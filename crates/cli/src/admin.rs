@@ -46,23 +46,37 @@ pub fn members_down_and_in_service(drives: &[flashpool_engine::DriveStatus]) -> 
     )
 }
 
-/// Further member failures the pool survives now: parity less the members down, and never
-/// all the members in service (retired members count for neither).
-pub fn failures_tolerated(m: usize, down: usize, in_service: usize) -> usize {
-    m.saturating_sub(down).min(in_service.saturating_sub(1))
+/// Further member failures the pool survives now: parity less the members down and those
+/// short of chunks (`short`: their host filesystem was full), and never all the members in
+/// service (retired members count for neither).
+pub fn failures_tolerated(m: usize, down: usize, short: usize, in_service: usize) -> usize {
+    m.saturating_sub(down + short)
+        .min(in_service.saturating_sub(1))
 }
 
 /// The protection left right now, in words: what the pool can still lose, and that it cannot
-/// write with no more members in service than parity chunks (a stripe needs m + 1).
-pub fn protection(k: usize, m: usize, down: usize, in_service: usize) -> String {
-    let state = match down {
+/// write with no more members in service than parity chunks (a stripe needs m + 1). `short`:
+/// members in service holding stripes a chunk short (their host filesystem was full), until
+/// repaired.
+pub fn protection(k: usize, m: usize, down: usize, short: usize, in_service: usize) -> String {
+    let mut state = match down {
         0 if in_service == 0 => "no members in service".to_string(),
         0 => "all members in service".to_string(),
         1 => "one member down".to_string(),
         n => format!("{n} members down"),
     };
-    let left = match failures_tolerated(m, down, in_service) {
+    match short {
+        0 => {}
+        1 => state.push_str(
+            ", one member missing chunks its full host filesystem refused (until repaired)",
+        ),
+        n => state.push_str(&format!(
+            ", {n} members missing chunks their full host filesystems refused (until repaired)"
+        )),
+    }
+    let left = match failures_tolerated(m, down, short, in_service) {
         _ if down > m => "data unavailable".to_string(),
+        0 if down + short > m => "stripes a chunk short may be unreadable".to_string(),
         0 => "no further failure tolerated".to_string(),
         1 => "tolerates 1 more failure".to_string(),
         n => format!("tolerates {n} more failures"),
@@ -90,8 +104,9 @@ pub fn status_json(
             .flatten()
             .map(|r| (d.to_owned(), r))
     });
-    let (down, in_service) = members_down_and_in_service(&pool.drives());
+    let (_, in_service) = members_down_and_in_service(&pool.drives());
     let info = pool.info();
+    let down = info.members_down;
     let stats = pool.stats();
     let rb = pool.rebuild_status();
     let host = stats.host_write_bytes.max(1) as f64;
@@ -117,8 +132,9 @@ pub fn status_json(
         "segment_utilisation": { "tenths": tenths, "unknown_space": unknown_space },
         "protection": {
             "k": info.k, "m": info.m, "members_down": down, "members_in_service": in_service,
-            "failures_tolerated": failures_tolerated(info.m, down, in_service),
-            "summary": protection(info.k, info.m, down, in_service),
+            "members_short": info.members_short,
+            "failures_tolerated": failures_tolerated(info.m, down, info.members_short, in_service),
+            "summary": protection(info.k, info.m, down, info.members_short, in_service),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,
@@ -187,7 +203,8 @@ pub fn status_json(
             "last_error": rb.last_error, "failed_attempts": rb.failed_attempts,
             "percent": if rb.running || rb.total_segments > 0 { serde_json::json!(rb.percent()) } else { serde_json::Value::Null },
             "segments_done": rb.done_segments, "segments_total": rb.total_segments,
-            "moved_bytes": rb.moved_bytes, "bytes_per_sec": rb.rate(),
+            "moved_bytes": rb.moved_bytes, "moved_before_bytes": rb.moved_before_bytes,
+            "bytes_per_sec": rb.rate(),
             "eta_secs": if rb.eta_secs().is_finite() { serde_json::json!(rb.eta_secs()) } else { serde_json::Value::Null },
         },
         "scrub": pool.last_scrub().map(|r| crate::scrub::report_json(&r)),
@@ -914,7 +931,10 @@ mod tests {
 
     fn summary(k: usize, m: usize, states: &[&'static str]) -> (String, usize) {
         let (down, up) = members_down_and_in_service(&members(states));
-        (protection(k, m, down, up), failures_tolerated(m, down, up))
+        (
+            protection(k, m, down, 0, up),
+            failures_tolerated(m, down, 0, up),
+        )
     }
 
     /// Retired members are neither down nor in service: a pool whose members were all
@@ -985,6 +1005,33 @@ mod tests {
             p["summary"],
             "4+1, one member down: no further failure tolerated; read-only: 1 members in \
              service, a stripe needs 2"
+        );
+    }
+
+    #[test]
+    fn protection_counts_members_missing_chunks() {
+        assert_eq!(
+            protection(4, 1, 0, 0, 5),
+            "4+1, all members in service: tolerates 1 more failure"
+        );
+        assert_eq!(
+            protection(4, 1, 0, 1, 5),
+            "4+1, all members in service, one member missing chunks its full host filesystem \
+             refused (until repaired): no further failure tolerated"
+        );
+        assert_eq!(
+            protection(4, 2, 0, 1, 6),
+            "4+2, all members in service, one member missing chunks its full host filesystem \
+             refused (until repaired): tolerates 1 more failure"
+        );
+        assert_eq!(
+            protection(4, 1, 1, 1, 4),
+            "4+1, one member down, one member missing chunks its full host filesystem refused \
+             (until repaired): stripes a chunk short may be unreadable"
+        );
+        assert_eq!(
+            protection(4, 1, 2, 0, 3),
+            "4+1, 2 members down: data unavailable"
         );
     }
 }

@@ -303,16 +303,21 @@ impl Inner {
         for (mut sp, failed) in plan.spans.into_iter().zip(failed) {
             let s = &plan.stripes[sp.stripe];
             if sp.short || failed {
-                tracing::warn!(
-                    stripe = s.seq,
-                    chunk = sp.chunk,
-                    "cannot rebuild lost blocks from the same bytes of the other chunks: too few readable"
-                );
+                if let Some(a) = self.lost_log.admit() {
+                    tracing::warn!(
+                        stripe = s.seq,
+                        chunk = sp.chunk,
+                        "cannot rebuild lost blocks from the same bytes of the other chunks: too few readable{}",
+                        a.note()
+                    );
+                }
                 undone.extend(sp.blocks.iter().map(|b| b.2.at));
                 continue;
             }
             if let Err(e) = self.decode_span(&mut sp) {
-                tracing::warn!(stripe = s.seq, error = %e, "rebuilding lost blocks failed");
+                if let Some(a) = self.lost_log.admit() {
+                    tracing::warn!(stripe = s.seq, error = %e, "rebuilding lost blocks failed{}", a.note());
+                }
                 undone.extend(sp.blocks.iter().map(|b| b.2.at));
                 continue;
             }
@@ -343,8 +348,9 @@ impl Inner {
             if good {
                 Stats::add(&self.stats.media_read_bytes, r.len as u64);
             } else {
-                Stats::add(&self.stats.read_errors, 1);
-                tracing::warn!(offset = r.offset, "read error while rebuilding lost blocks");
+                let sp = &plan.spans[r.span];
+                let d = plan.stripes[sp.stripe].chunks[r.chunk].drive as usize;
+                self.note_read_error(d, r.offset, &"read error while rebuilding lost blocks");
                 failed[r.span] = true;
             }
         }

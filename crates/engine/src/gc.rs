@@ -144,6 +144,8 @@ impl Inner {
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
     /// `urgent`: the move frees space (the cleaner), so it may use the cleaner's reserve.
+    /// Moves out of a stripe with a chunk on a member out of service count as rebuilt
+    /// (`Inner::rebuild_moved`).
     pub(crate) fn relocate_stripe(
         &self,
         desc: &crate::scan::StripeDesc,
@@ -155,6 +157,11 @@ impl Inner {
         let Some(records) = &desc.records else {
             return Ok(());
         };
+        let lost = self.lost_mask();
+        let rebuilds = desc
+            .chunks
+            .iter()
+            .any(|c| lost & crate::layout::member_bit(c.drive as usize) != 0);
         let mut live = Vec::new();
         for r in records {
             let Record::Write {
@@ -196,13 +203,14 @@ impl Inner {
         let shards = self.read_stripe(desc, None)?;
         for (v, lba, chunk, offset, len, flags, crc, expected) in live {
             let bytes = &shards[chunk][offset..offset + len];
-            self.move_block(&v, lba, bytes, crc, flags, expected, urgent)?;
+            self.move_block(&v, lba, bytes, crc, flags, expected, urgent, rebuilds)?;
         }
         Ok(())
     }
 
     /// Re-appends one block (its stored bytes) in the GC stream, unless the map moved on from
-    /// `expected` meanwhile.
+    /// `expected` meanwhile; `rebuilds`: it leaves a stripe with a chunk on a member out of
+    /// service (counted in `Inner::rebuild_moved`).
     #[allow(clippy::too_many_arguments)]
     fn move_block(
         &self,
@@ -213,6 +221,7 @@ impl Inner {
         flags: u8,
         expected: u64,
         urgent: bool,
+        rebuilds: bool,
     ) -> Result<()> {
         self.logged_in(Stream::Gc, urgent, |open| {
             if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
@@ -221,6 +230,10 @@ impl Inner {
             let moved = self.append_mapped(open, v, lba, bytes, crc, flags, Some(expected));
             if moved.is_some() {
                 Stats::add(&self.stats.gc_relocated_bytes, bytes.len() as u64);
+                if rebuilds {
+                    self.rebuild_moved
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
             }
             Ok(moved)
         })
@@ -239,6 +252,7 @@ impl Inner {
         let Some(records) = &desc.records else {
             return Ok(left);
         };
+        let rebuilds = desc.members() & self.lost_mask() != 0;
         for r in records {
             let Record::Write {
                 vol,
@@ -283,6 +297,7 @@ impl Inner {
                     flags,
                     expected,
                     urgent,
+                    rebuilds,
                 )?;
             } else {
                 left.push((vol, lba));
@@ -426,6 +441,7 @@ impl Inner {
         lost: &std::collections::HashSet<(u32, u64)>,
         lost_ok: bool,
     ) -> Result<()> {
+        let rebuilds = self.writer.lock().segs.drives_used[seg as usize] & self.lost_mask() != 0;
         let vols: Vec<_> = self.volumes.read().by_id.values().cloned().collect();
         for v in vols {
             let mut found = Vec::new();
@@ -448,16 +464,7 @@ impl Inner {
                     r => r?,
                 };
                 let crc = crate::crc::checksum(&block);
-                self.logged_in(Stream::Gc, urgent, |open| {
-                    if v.map.get(lba) != expected || v.deleted.load(Ordering::Relaxed) {
-                        return Ok(Some(()));
-                    }
-                    let moved = self.append_mapped(open, &v, lba, &block, crc, 0, Some(expected));
-                    if moved.is_some() {
-                        Stats::add(&self.stats.gc_relocated_bytes, block.len() as u64);
-                    }
-                    Ok(moved)
-                })?;
+                self.move_block(&v, lba, &block, crc, 0, expected, urgent, rebuilds)?;
             }
         }
         Ok(())

@@ -11,7 +11,8 @@
 //! (erasure coding), `format` (on-disk encodings), `map` (block maps), `layout` (segments and
 //! placement), `stripe` (the open stripe), `write`, `read`, `scan`, `checkpoint`, `recovery`, `reuse`
 //! (the paths through the pool), `stamp` (the log's order), `volume` (the byte-level block API), `pool` (shared state and
-//! the public entry points), `stats` (counters).
+//! the public entry points), `stats` (counters), `log_limit` (warnings that can come once per
+//! block, at a bounded rate).
 
 pub mod aligned;
 pub mod assembly;
@@ -26,6 +27,7 @@ pub mod format;
 mod gc;
 mod grow;
 pub mod layout;
+mod log_limit;
 pub mod map;
 mod pool;
 mod read;
@@ -49,7 +51,8 @@ pub use error::{Error, Result};
 pub use gc::GcPolicy;
 pub use pool::{
     stripe_buffer_count, validate_name as validate_volume_name, DriveFailure, DriveStatus,
-    OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS,
+    OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS, READ_ERROR_LIMIT,
+    READ_ERROR_WINDOW,
 };
 pub use read_queue::{ReadData, ReadDone, ReadQueue};
 pub use rebuild::RebuildStatus;

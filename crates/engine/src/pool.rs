@@ -11,6 +11,7 @@ use crate::format::superblock::{
     validate_geometry, CheckpointRef, Geometry, Superblock, DATA_START, MAX_DRIVES,
 };
 use crate::layout::{SegState, SegmentTable};
+use crate::log_limit::LogLimit;
 use crate::map::BlockMap;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::stripe::{OpenStripe, StripeBuf, StripeShape};
@@ -72,6 +73,14 @@ impl Default for OpenOptions {
     }
 }
 
+/// Read errors past which a member is taken out of service (`Inner::note_read_error`), within
+/// `READ_ERROR_WINDOW`: as Linux md fails a member after 20 corrected read errors, and ZFS's
+/// fault daemon a device after 10 I/O errors in 10 minutes. Fewer are erasures: the blocks are
+/// rebuilt from parity and their segments repaired.
+pub const READ_ERROR_LIMIT: u32 = 20;
+/// The window `READ_ERROR_LIMIT` counts in.
+pub const READ_ERROR_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// One member drive slot.
 pub(crate) struct DriveSlot {
     pub drive: Option<DriveRef>,
@@ -79,14 +88,26 @@ pub(crate) struct DriveSlot {
     pub failed: AtomicBool,
     /// Out of service and rebuilt: nothing depends on this member any more.
     pub retired: AtomicBool,
-    /// Taken out by an operator, not by an I/O error: never re-admitted by a probe.
-    pub by_request: AtomicBool,
+    /// Never put back by the probe for transient faults (`Pool::readmit_healthy_drives`): taken
+    /// out by an operator, or by read errors past the limit (`Inner::note_read_error`), which a
+    /// write and read-back of a block it reserves says nothing about.
+    pub no_probe: AtomicBool,
     /// When and why this process took the member out of service (for status).
     pub failure: Mutex<Option<DriveFailure>>,
     /// Segments holding a stripe whose chunk on this member was not written (the member was
-    /// out of service when the stripe, placed before, went to the drives): before the member
-    /// is re-admitted their live data is moved, or those chunks would read as garbage.
+    /// out of service when the stripe, placed before, went to the drives; or, in service, its
+    /// write failed because the filesystem under the drive file was full): before the member
+    /// is re-admitted their live data is moved, or those chunks would read as garbage; while
+    /// the member is in service, such segments holding live data cost the pool one failure it
+    /// survives (`Inner::members_short`). A segment leaves the set when it is filled again.
     pub missed: Mutex<BTreeSet<u32>>,
+    /// Read errors of this member in the current window (`Inner::note_read_error`): when the
+    /// window began, and how many.
+    pub read_faults: Mutex<(Option<std::time::Instant>, u32)>,
+    /// Warnings about this member's reads (errors, CRC mismatches), at a bounded rate.
+    pub read_log: LogLimit,
+    /// Errors about this member's writes refused by a full host filesystem, at a bounded rate.
+    pub write_log: LogLimit,
 }
 
 /// When and why a member went out of service.
@@ -104,9 +125,12 @@ impl DriveSlot {
             drive,
             failed: AtomicBool::new(state != MEMBER_ACTIVE),
             retired: AtomicBool::new(state == MEMBER_RETIRED),
-            by_request: AtomicBool::new(state != MEMBER_ACTIVE),
+            no_probe: AtomicBool::new(state != MEMBER_ACTIVE),
             failure: Mutex::new(None),
             missed: Mutex::new(BTreeSet::new()),
+            read_faults: Mutex::new((None, 0)),
+            read_log: LogLimit::default(),
+            write_log: LogLimit::default(),
         }
     }
 
@@ -320,6 +344,10 @@ pub(crate) struct Inner {
     /// block and its record must see no other resize between them).
     pub resize_lock: Mutex<()>,
     pub rebuild_status: Mutex<crate::rebuild::RebuildStatus>,
+    /// Live bytes moved out of stripes with a chunk on a member out of service (by the open's
+    /// rewrite of degraded stripes, a rebuild, the cleaner) since the last rebuild completed or
+    /// no member was left out: what a rebuild reports as moved.
+    pub rebuild_moved: AtomicU64,
     /// Set when the pool can serve reads but not write (too few drives).
     pub read_only: Mutex<Option<String>>,
     /// `read_only` was set because no more than m members were in service (at open or since,
@@ -348,6 +376,8 @@ pub(crate) struct Inner {
     /// A stripe was lost because the filesystem under the drive files filled up: hosts get
     /// ENOSPC (not a drive failure) from then on.
     pub host_full: AtomicBool,
+    /// Errors about blocks parity could not recover, at a bounded rate.
+    pub lost_log: LogLimit,
     /// The stripe writers' queue, once `Pool::start_stripe_writers` started them.
     pub stripe_queue: std::sync::OnceLock<Arc<crate::stripe_writer::StripeQueue>>,
     /// Record stamps (on once the latest checkpoint's log is stamped).
@@ -428,6 +458,16 @@ pub struct PoolInfo {
     pub live_limit_bytes: Option<u64>,
     /// Bytes of live (mapped) data.
     pub live_bytes: u64,
+    /// Members out of service the pool still depends on (failed or missing, not retired).
+    pub members_down: usize,
+    /// Members in service holding stripes whose chunk on them could not be written (the
+    /// filesystem under the drive file was full), in segments that still hold live data:
+    /// those stripes have one chunk of parity fewer until a repair moves their data
+    /// (`Pool::repair_pending`, scrub).
+    pub members_short: usize,
+    /// Further member failures every stripe survives now: parity chunks less members down
+    /// and members short, and never all the members in service (0 when none).
+    pub failures_tolerated: usize,
 }
 
 /// One segment as the cleaner sees it (`Pool::segments`).
@@ -508,6 +548,7 @@ impl Inner {
             member_change: Mutex::new(()),
             resize_lock: Mutex::new(()),
             rebuild_status: Mutex::new(Default::default()),
+            rebuild_moved: AtomicU64::new(0),
             read_only: Mutex::new(None),
             short_of_members: AtomicBool::new(false),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
@@ -520,6 +561,7 @@ impl Inner {
             last_scrub: Mutex::new(None),
             unverified: Mutex::new(BTreeSet::new()),
             host_full: AtomicBool::new(false),
+            lost_log: LogLimit::default(),
             stripe_queue: std::sync::OnceLock::new(),
             stamps: Default::default(),
             reclaimed_records: Mutex::new(HashMap::new()),
@@ -615,6 +657,83 @@ impl Inner {
             .iter()
             .filter(|d| d.usable().is_none() && !d.retired.load(Ordering::Relaxed))
             .count()
+    }
+
+    /// Members in service holding stripes whose chunk on them was not written (their host
+    /// filesystem was full), in segments that still hold live data (`PoolInfo::members_short`).
+    pub(crate) fn members_short(&self) -> usize {
+        self.drives
+            .iter()
+            .filter(|d| {
+                d.usable().is_some()
+                    && d.missed
+                        .lock()
+                        .iter()
+                        .any(|&s| self.live[s as usize].load(Ordering::Relaxed) > 0)
+            })
+            .count()
+    }
+
+    /// A read of member `d` at `offset` failed with an I/O error (the caller rebuilds what it
+    /// needed from parity): counted, logged at a bounded rate, and past `READ_ERROR_LIMIT`
+    /// errors within `READ_ERROR_WINDOW` the member is taken out of service as on a write
+    /// error (and left out by the probe for transient faults), unless parity covers no further
+    /// loss or the members left could not write a stripe: then it stays, and reads go on
+    /// rebuilding around it.
+    pub(crate) fn note_read_error(&self, d: usize, offset: u64, err: &dyn std::fmt::Display) {
+        Stats::add(&self.stats.read_errors, 1);
+        let Some(slot) = self.drives.get(d) else {
+            return;
+        };
+        if let Some(a) = slot.read_log.admit() {
+            tracing::warn!(drive = d, offset, error = %err, "read error; reconstructing{}", a.note());
+        }
+        if slot.usable().is_none() {
+            return;
+        }
+        let count = {
+            let mut f = slot.read_faults.lock();
+            let now = std::time::Instant::now();
+            if f.0
+                .is_none_or(|t| now.duration_since(t) >= READ_ERROR_WINDOW)
+            {
+                *f = (Some(now), 0);
+            }
+            f.1 += 1;
+            f.1
+        };
+        if count <= READ_ERROR_LIMIT {
+            return;
+        }
+        // One decision at a time, so two members past the limit cannot both go out when
+        // parity covers one.
+        let _members = self.member_change.lock();
+        if slot.usable().is_none() {
+            return;
+        }
+        // Not when parity covers no further loss, nor when too few members would be left to
+        // write a stripe (m + 1): the pool would lose data or writes for blocks it can still
+        // rebuild.
+        let m = self.geo.m as usize;
+        if self.drives_down() >= m || self.members_up() <= m + 1 {
+            if count == READ_ERROR_LIMIT + 1 {
+                tracing::error!(
+                    drive = d,
+                    errors = count,
+                    "member keeps failing reads, but the pool cannot spare it: it stays in \
+                     service and its blocks are rebuilt from the others; replace it"
+                );
+            }
+            return;
+        }
+        slot.no_probe.store(true, Ordering::SeqCst);
+        self.fail_drive(
+            d,
+            &std::io::Error::other(format!(
+                "{count} read errors within {} s (the last: {err})",
+                READ_ERROR_WINDOW.as_secs()
+            )),
+        );
     }
 
     /// Marks a drive failed after an I/O error.
@@ -1062,6 +1181,7 @@ impl Pool {
             (w.segs.free_count(), w.segs.low_water())
         };
         let healthy = i.members_up();
+        let (down, short) = (i.drives_down(), i.members_short());
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
         PoolInfo {
@@ -1087,6 +1207,11 @@ impl Pool {
                 * g.segment_size
                 * i.width.load(Ordering::Relaxed) as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
+            members_down: down,
+            members_short: short,
+            failures_tolerated: (g.m as usize)
+                .saturating_sub(down + short)
+                .min(healthy.saturating_sub(1)),
         }
     }
 
@@ -1180,13 +1305,15 @@ impl Pool {
     }
 
     /// Drives failed by I/O errors (not by an operator, not rebuilt) that now pass a write,
-    /// flush and read-back in their reserved area are put back in service; returns them.
+    /// flush and read-back in their reserved area, and a read of the last block of the pool's
+    /// area on them (a device that shrank, or a drive file cut short, fails it: its writes and
+    /// reads past the new end would fail again at once), are put back in service; returns them.
     pub fn readmit_healthy_drives(&self) -> Vec<usize> {
         let mut back = Vec::new();
         for (i, slot) in self.inner.drives.iter().enumerate() {
             if !slot.failed.load(Ordering::SeqCst)
                 || slot.retired.load(Ordering::SeqCst)
-                || slot.by_request.load(Ordering::SeqCst)
+                || slot.no_probe.load(Ordering::SeqCst)
             {
                 continue;
             }
@@ -1195,10 +1322,13 @@ impl Pool {
             let mut probe = AlignedBuf::zeroed(4096);
             probe[..16].copy_from_slice(&self.inner.uuid);
             let mut back_buf = AlignedBuf::zeroed(4096);
+            let last =
+                (self.inner.geo.drive_size.min(d.info().size) / 4096).saturating_sub(1) * 4096;
             let ok = d.write_at(8192, &probe).is_ok()
                 && d.flush().is_ok()
                 && d.read_at(8192, &mut back_buf).is_ok()
-                && back_buf[..] == probe[..];
+                && back_buf[..] == probe[..]
+                && d.read_at(last, &mut back_buf).is_ok();
             if ok && self.readmit_drive(i).is_ok() {
                 back.push(i);
             }
@@ -1259,9 +1389,13 @@ impl Pool {
             }
             slot.failed.store(false, Ordering::SeqCst);
         }
-        slot.by_request.store(false, Ordering::SeqCst);
+        slot.no_probe.store(false, Ordering::SeqCst);
+        *slot.read_faults.lock() = (None, 0);
         *slot.failure.lock() = None;
         self.inner.states_dirty.store(true, Ordering::SeqCst);
+        if self.inner.lost_mask() == 0 {
+            self.inner.rebuild_moved.store(0, Ordering::SeqCst);
+        }
         tracing::info!(drive = index, "drive back in service");
         self.resume_writes_if_enough_members()?;
         if !missed.is_empty() && short {
@@ -1323,7 +1457,7 @@ impl Pool {
                 down + 1
             )));
         }
-        slot.by_request.store(true, Ordering::SeqCst);
+        slot.no_probe.store(true, Ordering::SeqCst);
         inner.fail_drive(index, &std::io::Error::other("failed by request"));
         self.sync_member_states()
     }

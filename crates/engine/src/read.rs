@@ -324,7 +324,9 @@ impl Inner {
                     }
                     if let Err(e) = &res {
                         Stats::add(&self.stats.unrecoverable_blocks, 1);
-                        tracing::error!(volume = %vol.name, offset = lba * BLOCK as u64, error = %e, "block lost: parity cannot recover it");
+                        if let Some(a) = self.lost_log.admit() {
+                            tracing::error!(volume = %vol.name, offset = lba * BLOCK as u64, error = %e, "block lost: parity cannot recover it{}", a.note());
+                        }
                     }
                     res?;
                     return Ok(true);
@@ -381,12 +383,16 @@ impl Inner {
                         return Ok(());
                     }
                     Stats::add(&self.stats.crc_errors, 1);
-                    tracing::warn!(drive = d, offset, "block CRC mismatch; reconstructing");
+                    if let Some(a) = self.drives[d].read_log.admit() {
+                        tracing::warn!(
+                            drive = d,
+                            offset,
+                            "block CRC mismatch; reconstructing{}",
+                            a.note()
+                        );
+                    }
                 }
-                Err(e) => {
-                    Stats::add(&self.stats.read_errors, 1);
-                    tracing::warn!(drive = d, offset, error = %e, "read error; reconstructing");
-                }
+                Err(e) => self.note_read_error(d, offset, &e),
             }
         }
         let in_service = self.drives.get(d).and_then(|s| s.usable()).is_some();
@@ -495,8 +501,8 @@ impl Inner {
                     }
                     good
                 }
-                Err(_) => {
-                    Stats::add(&self.stats.read_errors, 1);
+                Err(e) => {
+                    self.note_read_error(c.drive as usize, c.data_offset(), &e);
                     false
                 }
             };

@@ -17,8 +17,14 @@ pub struct RebuildStatus {
     pub total_segments: u64,
     /// Segments relocated so far.
     pub done_segments: u64,
-    /// Live bytes moved so far.
+    /// Live bytes moved off the lost members so far: by this rebuild (or the cleaner while it
+    /// ran), and before it since they went out (`moved_before_bytes`).
     pub moved_bytes: u64,
+    /// The part of `moved_bytes` moved before this rebuild started: by the open, which
+    /// rewrites the stripes of the log after the last checkpoint that miss a chunk (after a
+    /// crash with a member missing, most of what it held), by a rebuild cut short, or by the
+    /// cleaner meanwhile.
+    pub moved_before_bytes: u64,
     /// Seconds since the rebuild started.
     pub elapsed_secs: f64,
     /// True while a rebuild runs.
@@ -38,10 +44,10 @@ impl RebuildStatus {
             self.done_segments as f64 * 100.0 / self.total_segments as f64
         }
     }
-    /// Bytes moved per second.
+    /// Bytes moved per second (by this rebuild).
     pub fn rate(&self) -> f64 {
         if self.elapsed_secs > 0.0 {
-            self.moved_bytes as f64 / self.elapsed_secs
+            self.moved_bytes.saturating_sub(self.moved_before_bytes) as f64 / self.elapsed_secs
         } else {
             0.0
         }
@@ -85,11 +91,13 @@ impl Inner {
                 .collect()
         };
         let started = Instant::now();
-        let moved_before = self.stats.gc_relocated_bytes.load();
+        let moved_before = self.rebuild_moved.load(Ordering::Relaxed);
         {
             let mut st = self.rebuild_status.lock();
             *st = RebuildStatus {
                 total_segments: victims.len() as u64,
+                moved_bytes: moved_before,
+                moved_before_bytes: moved_before,
                 running: true,
                 last_error: st.last_error.take(),
                 failed_attempts: st.failed_attempts,
@@ -111,7 +119,7 @@ impl Inner {
             }
             let mut st = self.rebuild_status.lock();
             st.done_segments = n as u64 + 1;
-            st.moved_bytes = self.stats.gc_relocated_bytes.load() - moved_before;
+            st.moved_bytes = self.rebuild_moved.load(Ordering::Relaxed);
             st.elapsed_secs = started.elapsed().as_secs_f64();
         }
         // A member put back in service meanwhile (`readmit`) is not retired: new stripes may
@@ -149,6 +157,7 @@ impl Inner {
         drop(members);
         self.checkpoint()?; // persists the retired drives in the superblocks
         let mut st = self.rebuild_status.lock();
+        st.moved_bytes = self.rebuild_moved.swap(0, Ordering::Relaxed);
         st.running = false;
         st.elapsed_secs = started.elapsed().as_secs_f64();
         tracing::info!(

@@ -43,8 +43,12 @@ impl Inner {
             urgent,
         )?;
         if plan.fresh {
-            // The segment held other stripes before: a cached scan of it is stale.
+            // The segment held other stripes before: a cached scan of it is stale, and the
+            // chunks they missed on a member are gone with them.
             self.seg_index.lock().remove(plan.segment);
+            for d in self.drives.iter() {
+                d.missed.lock().remove(&plan.segment);
+            }
             self.written_slots[plan.segment as usize].store(0, Ordering::Relaxed);
             self.update_live_limit(w);
         }
@@ -233,17 +237,38 @@ impl Inner {
                     {
                         Stats::add(&self.stats.write_errors, 1);
                     }
-                    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                    let out_of_space =
+                        matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+                    let on_host_fs = self.drives[d]
+                        .drive
+                        .as_ref()
+                        .is_some_and(|x| x.space_from_host_filesystem());
+                    if out_of_space && on_host_fs {
                         // The filesystem under a file drive is full (a sparse drive file):
                         // the drive is healthy, so it stays in service. Its chunk is
                         // missing; reads rebuild it and queue the segment for repair.
                         host_full = true;
                         self.needs_repair.lock().insert(s.segment);
-                        tracing::error!(
-                            drive = d,
-                            error = %e,
-                            "the filesystem under this drive is full: drive files should be allocated (the default), not sparse"
+                        if let Some(a) = self.drives[d].write_log.admit() {
+                            tracing::error!(
+                                drive = d,
+                                error = %e,
+                                "the filesystem under this drive is full: drive files should be allocated (the default), not sparse{}",
+                                a.note()
+                            );
+                        }
+                    } else if out_of_space {
+                        // Not a file on a host filesystem (a block device: one that shrank
+                        // under the pool answers ENOSPC past its new end): the device
+                        // refused the write, an I/O error like any other.
+                        let why = std::io::Error::new(
+                            e.kind(),
+                            format!(
+                                "{e}: the device refused a write inside the pool's area (a \
+                                 block device answers ENOSPC past its end: did it shrink?)"
+                            ),
                         );
+                        self.fail_drive(d, &why);
                     } else {
                         self.fail_drive(d, &e);
                     }

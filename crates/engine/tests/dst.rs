@@ -1696,6 +1696,13 @@ impl World {
                 let r = self.verify_current(&format!("after rebuild, drive {p} unreadable"));
                 self.switches[p].fail_reads.store(false, Ordering::SeqCst);
                 r?;
+                // Reads failing past the limit take a member out of service
+                // (`READ_ERROR_LIMIT`): the probe's drive was never faulty, so it goes back.
+                if self.pool().drives()[p].state == "failed" {
+                    self.pool()
+                        .readmit_drive(p)
+                        .map_err(|e| format!("readmit of probed drive {p}: {e}"))?;
+                }
             }
         }
         Ok(())
@@ -2484,6 +2491,11 @@ fn degraded_read_after_segment_reuse() {
     sw[0].fail_reads.store(true, Ordering::SeqCst);
     check(&pool, "v", size, 1).unwrap();
     sw[0].fail_reads.store(false, Ordering::SeqCst);
+    // Past the read-error limit the member went out of service; back in, so the fills below
+    // put chunks on it again and the reads after them are degraded reads of reused segments.
+    if pool.drives()[0].state == "failed" {
+        pool.readmit_drive(0).unwrap();
+    }
     // Overwrite everything, clean the old segments, write again: the freed segments are reused.
     fill(&pool, "v", size, 2);
     pool.gc(usize::MAX).unwrap();

@@ -206,3 +206,49 @@ fn a_member_readmitted_during_its_rebuild_stays_in_service() {
         "member 1 readmitted during its rebuild, 3 lost",
     );
 }
+
+/// What a rebuild reports as moved is the live data moved off the lost member: after a crash
+/// with a member missing, the open already rewrote the stripes of the log that lack its chunk
+/// (most of what it held), and the rebuild reports those bytes too, not only the few it moved
+/// itself (the product bug: `drive replace` printed "(0 MiB) rebuilt" where the data on the
+/// lost member had been rebuilt, by the open of the offline command).
+#[test]
+fn a_rebuild_reports_the_bytes_moved_off_the_lost_member_since_it_went_out() {
+    let mems = mem_drives(5, false);
+    let cfg = flashpool_engine::PoolConfig {
+        checkpoint_interval: 1 << 30,
+        ..small_config(4, 1)
+    };
+    let pool = Pool::create(as_refs(&mems), &cfg).unwrap();
+    pool.create_volume("v", 4 << 20).unwrap();
+    let mut expect = HashMap::new();
+    write(&pool, &mut expect, 1, 1000);
+    let live = pool.info().live_bytes;
+    drop(pool); // a crash: no checkpoint covers the writes
+    let present: Vec<DriveRef> = [0, 2, 3, 4]
+        .iter()
+        .map(|&i| mems[i].clone() as DriveRef)
+        .collect();
+    let pool = Pool::open(present).unwrap();
+    let new = mem_drives(1, false).pop().unwrap();
+    let st = pool.replace_drive(1, new as DriveRef).unwrap();
+    // Every stripe had a chunk on member 1 (k + m = 5): all live data moved off it.
+    assert!(
+        st.moved_bytes >= live * 9 / 10 && st.moved_bytes <= live,
+        "{st:?}, {live} bytes live"
+    );
+    assert!(
+        st.moved_before_bytes > 0 && st.moved_before_bytes <= st.moved_bytes,
+        "{st:?}"
+    );
+    verify(&pool, &expect, "replaced");
+    // The next rebuild starts from zero.
+    pool.fail_drive(3).unwrap();
+    let st = pool.rebuild().unwrap();
+    assert_eq!(st.moved_before_bytes, 0, "{st:?}");
+    assert!(
+        st.moved_bytes > 0 && st.moved_bytes <= pool.info().live_bytes,
+        "{st:?}"
+    );
+    verify(&pool, &expect, "member 3 rebuilt");
+}

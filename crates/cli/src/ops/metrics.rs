@@ -645,16 +645,15 @@ fn pool_families(
                 .map(|fl| (vec![i.as_str()], fl.at_unix_secs as f64))
         }),
     );
-    let (down, in_service) = crate::admin::members_down_and_in_service(&drives);
     f.gauge(
         "flashpool_drives_down",
         "Members failed or missing.",
-        down as f64,
+        info.members_down as f64,
     );
     f.gauge(
         "flashpool_failures_tolerated",
-        "Further member failures the pool survives now (parity members less members down, fewer than the members in service).",
-        crate::admin::failures_tolerated(info.m, down, in_service) as f64,
+        "Further member failures the pool survives now (parity members less members down and members in service missing chunks their full host filesystem refused; fewer than the members in service).",
+        info.failures_tolerated as f64,
     );
     f.gauge(
         "flashpool_stripe_data_width",

@@ -374,6 +374,10 @@ impl Drive for FaultDrive {
         self.inner.info()
     }
 
+    fn space_from_host_filesystem(&self) -> bool {
+        self.inner.space_from_host_filesystem()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let d = self.begin(Kind::Read, buf.len())?;
         let c = &self.switch.counters;

@@ -24,6 +24,8 @@ pub struct FileDrive {
     size: u64,
     direct: bool,
     discard: DiscardBy,
+    /// A regular file (not a block device): its host filesystem can fill up under it.
+    regular: bool,
 }
 
 /// How [`Drive::discard`] reaches the storage under a file drive.
@@ -102,9 +104,11 @@ impl FileDrive {
             path: path.to_owned(),
             direct,
             discard: DiscardBy::Nothing,
+            regular: false,
         };
         drive.size = drive.file.seek(SeekFrom::End(0))? / 4096 * 4096;
         let md = drive.file.metadata()?;
+        drive.regular = md.file_type().is_file();
         drive.discard = if md.file_type().is_block_device() {
             DiscardBy::Ioctl
         } else if md.blocks() * 512 < md.len() {
@@ -204,6 +208,10 @@ impl Drive for FileDrive {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+
+    fn space_from_host_filesystem(&self) -> bool {
+        self.regular
     }
 
     fn fd_target(&self) -> Option<super::FdTarget> {

@@ -49,6 +49,17 @@ pub trait Drive: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// True when the drive is a file whose space comes from a host filesystem that can fill up
+    /// under it (a sparse file; a copy-on-write filesystem, or one that must allocate to
+    /// convert an unwritten extent, even for an allocated file): a write may then fail with
+    /// ENOSPC or EDQUOT though the drive is sound, and the engine keeps it in service and
+    /// answers hosts ENOSPC. False (the default) for everything else (a block device, memory,
+    /// a simulated SSD): there ENOSPC says the device refused the write (a block device that
+    /// shrank under the pool answers it past its new end), an I/O error like any other, and
+    /// the member is failed.
+    fn space_from_host_filesystem(&self) -> bool {
+        false
+    }
     /// The file descriptor a batch ([`batch::run`]) may drive directly through io_uring, for
     /// drives that are a file or block device and nothing more; None (the default) makes a
     /// batch call the methods above, so wrappers that inject faults or record writes see

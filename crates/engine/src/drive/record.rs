@@ -69,6 +69,10 @@ impl Drive for RecordingDrive {
         self.inner.info()
     }
 
+    fn space_from_host_filesystem(&self) -> bool {
+        self.inner.space_from_host_filesystem()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inner.read_at(offset, buf)
     }
