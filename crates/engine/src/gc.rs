@@ -154,56 +154,17 @@ impl Inner {
         if desc.kind != StripeKind::Data || desc.w == 0 {
             return Ok(());
         }
-        let Some(records) = &desc.records else {
-            return Ok(());
-        };
-        let lost = self.lost_mask();
-        let rebuilds = desc
-            .chunks
-            .iter()
-            .any(|c| lost & crate::layout::member_bit(c.drive as usize) != 0);
-        let mut live = Vec::new();
-        for r in records {
-            let Record::Write {
-                vol,
-                lba,
-                chunk,
-                offset,
-                len,
-                flags,
-                crc,
-                ..
-            } = *r
-            else {
-                continue;
-            };
-            let Some(c) = desc.chunks.get(chunk as usize) else {
-                continue;
-            };
-            let here = Entry::in_chunk(c, offset, len, crc);
-            let Some(v) = self.volume_by_id(vol) else {
-                continue;
-            };
-            if v.map.get(lba) == here.encode() {
-                live.push((
-                    v,
-                    lba,
-                    chunk as usize,
-                    offset as usize,
-                    len as usize,
-                    flags,
-                    crc,
-                    here.encode(),
-                ));
-            }
-        }
+        let rebuilds = desc.members() & self.lost_mask() != 0;
+        let live = self.live_blocks(desc);
         if live.is_empty() {
             return Ok(());
         }
         let shards = self.read_stripe(desc, None)?;
-        for (v, lba, chunk, offset, len, flags, crc, expected) in live {
-            let bytes = &shards[chunk][offset..offset + len];
-            self.move_block(&v, lba, bytes, crc, flags, expected, urgent, rebuilds)?;
+        for b in live {
+            let bytes = &shards[b.chunk][b.offset..b.offset + b.len];
+            self.move_block(
+                &b.vol, b.lba, bytes, b.crc, b.flags, b.entry, urgent, rebuilds,
+            )?;
         }
         Ok(())
     }
@@ -249,58 +210,36 @@ impl Inner {
         urgent: bool,
     ) -> Result<Vec<(u32, u64)>> {
         let mut left = Vec::new();
-        let Some(records) = &desc.records else {
-            return Ok(left);
-        };
         let rebuilds = desc.members() & self.lost_mask() != 0;
-        for r in records {
-            let Record::Write {
-                vol,
-                lba,
-                chunk,
-                offset,
-                len,
-                flags,
-                crc,
-                ..
-            } = *r
-            else {
-                continue;
-            };
-            let (Some(c), Some(v)) = (desc.chunks.get(chunk as usize), self.volume_by_id(vol))
-            else {
-                continue;
-            };
-            let expected = Entry::in_chunk(c, offset, len, crc).encode();
-            if v.map.get(lba) != expected {
-                continue;
-            }
+        for b in self.live_blocks(desc) {
+            let c = desc.chunks[b.chunk];
             // The block's bytes, read with the 4 KiB alignment direct I/O needs (compressed
             // blocks are packed at 32 bytes).
-            let start = c.data_offset() + offset as u64;
+            let start = c.data_offset() + b.offset as u64;
             let first = start & !(crate::format::BLOCK as u64 - 1);
-            let end = (start + len as u64).next_multiple_of(crate::format::BLOCK as u64);
+            let end = (start + b.len as u64).next_multiple_of(crate::format::BLOCK as u64);
             let mut buf = crate::aligned::AlignedBuf::zeroed((end - first) as usize);
-            let at = (start - first) as usize;
+            let bytes = (start - first) as usize..(start - first) as usize + b.len;
             let intact = self
                 .drives
                 .get(c.drive as usize)
                 .and_then(|d| d.usable())
                 .is_some_and(|d| d.read_at(first, &mut buf).is_ok())
-                && crate::crc::checksum(&buf[at..at + len as usize]) == crc;
+                && crate::crc::checksum(&buf[bytes.clone()]) == b.crc;
             if intact {
+                let (vol, lba, entry) = (&b.vol, b.lba, b.entry);
                 self.move_block(
-                    &v,
+                    vol,
                     lba,
-                    &buf[at..at + len as usize],
-                    crc,
-                    flags,
-                    expected,
+                    &buf[bytes],
+                    b.crc,
+                    b.flags,
+                    entry,
                     urgent,
                     rebuilds,
                 )?;
             } else {
-                left.push((vol, lba));
+                left.push((b.vol.id, b.lba));
             }
         }
         Ok(left)

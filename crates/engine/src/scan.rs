@@ -60,7 +60,60 @@ impl StripeDesc {
     }
 }
 
+/// A block a stripe's records say it holds, which the volume's map still points at.
+pub(crate) struct LiveBlock {
+    pub vol: Arc<crate::pool::VolumeState>,
+    pub lba: u64,
+    /// Index of its chunk in the stripe, and where in the chunk's data it lies.
+    pub chunk: usize,
+    pub offset: usize,
+    pub len: usize,
+    pub flags: u8,
+    pub crc: u32,
+    /// The map entry that points at it here (a move must find it unchanged).
+    pub entry: u64,
+}
+
 impl Inner {
+    /// The blocks of stripe `desc` (from its records, when a full header copy was read) that
+    /// the maps still point at: the ones a move must take along, or a lost chunk took.
+    pub(crate) fn live_blocks(&self, desc: &StripeDesc) -> Vec<LiveBlock> {
+        let mut out = Vec::new();
+        for r in desc.records.iter().flatten() {
+            let Record::Write {
+                vol,
+                lba,
+                chunk,
+                offset,
+                len,
+                flags,
+                crc,
+                ..
+            } = *r
+            else {
+                continue;
+            };
+            let (Some(c), Some(v)) = (desc.chunks.get(chunk as usize), self.volume_by_id(vol))
+            else {
+                continue;
+            };
+            let entry = crate::map::Entry::in_chunk(c, offset, len, crc).encode();
+            if v.map.get(lba) == entry {
+                out.push(LiveBlock {
+                    vol: v,
+                    lba,
+                    chunk: chunk as usize,
+                    offset: offset as usize,
+                    len: len as usize,
+                    flags,
+                    crc,
+                    entry,
+                });
+            }
+        }
+        out
+    }
+
     /// Reads the headers of drive `d`'s chunks in segment `seg`, in order.
     pub(crate) fn walk(&self, d: usize, seg: u32) -> Vec<ChunkHeader> {
         let base = SegmentTable::segment_base(&self.geo, seg);

@@ -7,9 +7,8 @@
 //! repair (`Pool::repair_pending`), so rot found by a read does not stay on the drive.
 
 use crate::error::Result;
-use crate::format::header::{Record, StripeKind};
+use crate::format::header::StripeKind;
 use crate::layout::SegState;
-use crate::map::Entry;
 use crate::pool::{Inner, Pool};
 use crate::scan::StripeDesc;
 use crate::stats::Stats;
@@ -76,32 +75,9 @@ impl Inner {
     fn lost_blocks(&self, s: &StripeDesc, lost: &[usize]) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         let mut buf = crate::aligned::AlignedBuf::zeroed(crate::format::BLOCK);
-        for r in s.records.iter().flatten() {
-            let Record::Write {
-                vol,
-                lba,
-                chunk,
-                offset,
-                len,
-                crc,
-                ..
-            } = *r
-            else {
-                continue;
-            };
-            if !lost.contains(&(chunk as usize)) {
-                continue;
-            }
-            let Some(v) = self.volume_by_id(vol) else {
-                continue;
-            };
-            let Some(c) = s.chunks.get(chunk as usize) else {
-                continue;
-            };
-            if v.map.get(lba) == Entry::in_chunk(c, offset, len, crc).encode()
-                && self.read_block(&v, lba, &mut buf).is_err()
-            {
-                out.push((v.name.clone(), lba * crate::format::BLOCK as u64));
+        for b in self.live_blocks(s) {
+            if lost.contains(&b.chunk) && self.read_block(&b.vol, b.lba, &mut buf).is_err() {
+                out.push((b.vol.name.clone(), b.lba * crate::format::BLOCK as u64));
             }
         }
         out
