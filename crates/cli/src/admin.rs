@@ -36,24 +36,6 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 /// Most admin connections served at once; more are answered with an error.
 const MAX_ADMIN_CONNECTIONS: usize = 8;
 
-/// Members out of service the pool depends on (failed or missing, not retired) and members in
-/// service, from the members' states.
-pub fn members_down_and_in_service(drives: &[flashpool_engine::DriveStatus]) -> (usize, usize) {
-    let count = |f: fn(&str) -> bool| drives.iter().filter(|d| f(d.state)).count();
-    (
-        count(|s| s == "failed" || s == "missing"),
-        count(|s| s == "active"),
-    )
-}
-
-/// Further member failures the pool survives now: parity less the members down and those
-/// short of chunks (`short`: their host filesystem was full), and never all the members in
-/// service (retired members count for neither).
-pub fn failures_tolerated(m: usize, down: usize, short: usize, in_service: usize) -> usize {
-    m.saturating_sub(down + short)
-        .min(in_service.saturating_sub(1))
-}
-
 /// The protection left right now, in words: what the pool can still lose, and that it cannot
 /// write with no more members in service than parity chunks (a stripe needs m + 1). `short`:
 /// members in service holding stripes a chunk short (their host filesystem was full), until
@@ -74,7 +56,7 @@ pub fn protection(k: usize, m: usize, down: usize, short: usize, in_service: usi
             ", {n} members missing chunks their full host filesystems refused (until repaired)"
         )),
     }
-    let left = match failures_tolerated(m, down, short, in_service) {
+    let left = match flashpool_engine::failures_tolerated(m, down, short, in_service) {
         _ if down > m => "data unavailable".to_string(),
         0 if down + short > m => "stripes a chunk short may be unreadable".to_string(),
         0 => "no further failure tolerated".to_string(),
@@ -104,9 +86,8 @@ pub fn status_json(
             .flatten()
             .map(|r| (d.to_owned(), r))
     });
-    let (_, in_service) = members_down_and_in_service(&pool.drives());
     let info = pool.info();
-    let down = info.members_down;
+    let (down, in_service) = (info.members_down, info.healthy_drives);
     let stats = pool.stats();
     let rb = pool.rebuild_status();
     let host = stats.host_write_bytes.max(1) as f64;
@@ -133,7 +114,7 @@ pub fn status_json(
         "protection": {
             "k": info.k, "m": info.m, "members_down": down, "members_in_service": in_service,
             "members_short": info.members_short,
-            "failures_tolerated": failures_tolerated(info.m, down, info.members_short, in_service),
+            "failures_tolerated": info.failures_tolerated,
             "summary": protection(info.k, info.m, down, info.members_short, in_service),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
@@ -929,11 +910,20 @@ mod tests {
             .collect()
     }
 
+    /// Members down (failed or missing) and in service, counted from their states.
+    fn members_down_and_in_service(drives: &[DriveStatus]) -> (usize, usize) {
+        let count = |f: fn(&str) -> bool| drives.iter().filter(|d| f(d.state)).count();
+        (
+            count(|s| s == "failed" || s == "missing"),
+            count(|s| s == "active"),
+        )
+    }
+
     fn summary(k: usize, m: usize, states: &[&'static str]) -> (String, usize) {
         let (down, up) = members_down_and_in_service(&members(states));
         (
             protection(k, m, down, 0, up),
-            failures_tolerated(m, down, 0, up),
+            flashpool_engine::failures_tolerated(m, down, 0, up),
         )
     }
 

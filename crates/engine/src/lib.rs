@@ -50,9 +50,9 @@ pub use compress::Compression;
 pub use error::{Error, Result};
 pub use gc::GcPolicy;
 pub use pool::{
-    stripe_buffer_count, validate_name as validate_volume_name, DriveFailure, DriveStatus,
-    OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS, READ_ERROR_LIMIT,
-    READ_ERROR_WINDOW,
+    failures_tolerated, stripe_buffer_count, validate_name as validate_volume_name, DriveFailure,
+    DriveStatus, OpenOptions, Pool, PoolConfig, PoolInfo, SegmentInfo, MAX_STRIPE_BUFFERS,
+    READ_ERROR_LIMIT, READ_ERROR_WINDOW,
 };
 pub use read_queue::{ReadData, ReadDone, ReadQueue};
 pub use rebuild::RebuildStatus;

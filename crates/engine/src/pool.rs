@@ -430,6 +430,14 @@ pub struct DriveStatus {
     pub latency: Option<crate::drive::DriveLatency>,
 }
 
+/// Further member failures every stripe survives: parity chunks less the members down and
+/// the members in service short of chunks (`short`: their host filesystem was full), and
+/// never all the members in service (`in_service`; retired members count for neither).
+pub fn failures_tolerated(m: usize, down: usize, short: usize, in_service: usize) -> usize {
+    m.saturating_sub(down + short)
+        .min(in_service.saturating_sub(1))
+}
+
 /// Pool-wide facts for `flashpool status` and metrics.
 #[derive(Clone, Debug)]
 pub struct PoolInfo {
@@ -1209,9 +1217,7 @@ impl Pool {
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
             members_down: down,
             members_short: short,
-            failures_tolerated: (g.m as usize)
-                .saturating_sub(down + short)
-                .min(healthy.saturating_sub(1)),
+            failures_tolerated: failures_tolerated(g.m as usize, down, short, healthy),
         }
     }
 

@@ -74,13 +74,18 @@ pub fn remove_drive(pool: &Pool, index: usize, reserve: bool) -> Result<RebuildS
     }
     pool.fail_drive(index)?;
     pool.rebuild().map_err(|e| {
-        let (_, in_service) = crate::admin::members_down_and_in_service(&pool.drives());
         let now = pool.info();
         anyhow::Error::new(e).context(format!(
             "member {index} was not removed, and it is out of service now ({}) until it is \
              readmitted or its rebuild succeeds: `flashpool drive readmit {index}` puts it back \
              in service. Its rebuild onto the other members failed",
-            crate::admin::protection(info.k, m, now.members_down, now.members_short, in_service)
+            crate::admin::protection(
+                info.k,
+                m,
+                now.members_down,
+                now.members_short,
+                now.healthy_drives,
+            )
         ))
     })
 }
