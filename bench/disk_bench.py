@@ -162,6 +162,8 @@ def main():
     ap.add_argument("--flashpool", default=os.path.join(ROOT, "target", "release", "flashpool"))
     ap.add_argument("--doc", default=None)
     a = ap.parse_args()
+    # Absolute: qemu-nbd refuses a relative socket path ("socket path must be absolute").
+    a.workdir = os.path.abspath(a.workdir)
     os.makedirs(a.workdir, exist_ok=True)
     fs = fstype(a.workdir)
     if fs[0] in ("tmpfs", "ramfs"):
