@@ -40,7 +40,16 @@ const MAX_ADMIN_CONNECTIONS: usize = 8;
 /// write with no more members in service than parity chunks (a stripe needs m + 1). `short`:
 /// members in service holding stripes a chunk short (their host filesystem was full), until
 /// repaired.
-pub fn protection(k: usize, m: usize, down: usize, short: usize, in_service: usize) -> String {
+/// `unlinked`: members in service whose drive file was deleted while open (gone at the next
+/// restart), counted against what is tolerated as the short ones are.
+pub fn protection(
+    k: usize,
+    m: usize,
+    down: usize,
+    short: usize,
+    unlinked: usize,
+    in_service: usize,
+) -> String {
     let mut state = match down {
         0 if in_service == 0 => "no members in service".to_string(),
         0 => "all members in service".to_string(),
@@ -56,9 +65,17 @@ pub fn protection(k: usize, m: usize, down: usize, short: usize, in_service: usi
             ", {n} members missing chunks their full host filesystems refused (until repaired)"
         )),
     }
-    let left = match flashpool_engine::failures_tolerated(m, down, short, in_service) {
+    match unlinked {
+        0 => {}
+        1 => state.push_str(", one member's drive file deleted (missing after a restart)"),
+        n => state.push_str(&format!(
+            ", {n} members' drive files deleted (missing after a restart)"
+        )),
+    }
+    let left = match flashpool_engine::failures_tolerated(m, down, short + unlinked, in_service) {
         _ if down > m => "data unavailable".to_string(),
         0 if down + short > m => "stripes a chunk short may be unreadable".to_string(),
+        0 if down + short + unlinked > m => "a restart would leave data unavailable".to_string(),
         0 => "no further failure tolerated".to_string(),
         1 => "tolerates 1 more failure".to_string(),
         n => format!("tolerates {n} more failures"),
@@ -114,8 +131,9 @@ pub fn status_json(
         "protection": {
             "k": info.k, "m": info.m, "members_down": down, "members_in_service": in_service,
             "members_short": info.members_short,
+            "members_unlinked": info.members_unlinked,
             "failures_tolerated": info.failures_tolerated,
-            "summary": protection(info.k, info.m, down, info.members_short, in_service),
+            "summary": protection(info.k, info.m, down, info.members_short, info.members_unlinked, in_service),
         },
         "drives": pool.drives().iter().zip(pool.drive_failures()).map(|(d, f)| serde_json::json!({
             "index": d.index, "state": d.state, "identity": d.identity, "uuid": d.uuid,
@@ -191,6 +209,7 @@ pub fn status_json(
         "scrub": pool.last_scrub().map(|r| crate::scrub::report_json(&r)),
         "repairs_pending": pool.repairs_pending(),
         "unverified_members": pool.unverified_members(),
+        "unlinked_members": pool.unlinked_members(),
         "counters": stats.fields().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
@@ -922,7 +941,7 @@ mod tests {
     fn summary(k: usize, m: usize, states: &[&'static str]) -> (String, usize) {
         let (down, up) = members_down_and_in_service(&members(states));
         (
-            protection(k, m, down, 0, up),
+            protection(k, m, down, 0, 0, up),
             flashpool_engine::failures_tolerated(m, down, 0, up),
         )
     }
@@ -1001,27 +1020,51 @@ mod tests {
     #[test]
     fn protection_counts_members_missing_chunks() {
         assert_eq!(
-            protection(4, 1, 0, 0, 5),
+            protection(4, 1, 0, 0, 0, 5),
             "4+1, all members in service: tolerates 1 more failure"
         );
         assert_eq!(
-            protection(4, 1, 0, 1, 5),
+            protection(4, 1, 0, 1, 0, 5),
             "4+1, all members in service, one member missing chunks its full host filesystem \
              refused (until repaired): no further failure tolerated"
         );
         assert_eq!(
-            protection(4, 2, 0, 1, 6),
+            protection(4, 2, 0, 1, 0, 6),
             "4+2, all members in service, one member missing chunks its full host filesystem \
              refused (until repaired): tolerates 1 more failure"
         );
         assert_eq!(
-            protection(4, 1, 1, 1, 4),
+            protection(4, 1, 1, 1, 0, 4),
             "4+1, one member down, one member missing chunks its full host filesystem refused \
              (until repaired): stripes a chunk short may be unreadable"
         );
         assert_eq!(
-            protection(4, 1, 2, 0, 3),
+            protection(4, 1, 2, 0, 0, 3),
             "4+1, 2 members down: data unavailable"
+        );
+    }
+
+    #[test]
+    fn protection_counts_members_whose_file_was_deleted() {
+        assert_eq!(
+            protection(4, 1, 0, 0, 1, 5),
+            "4+1, all members in service, one member's drive file deleted (missing after a \
+             restart): no further failure tolerated"
+        );
+        assert_eq!(
+            protection(4, 1, 0, 0, 2, 5),
+            "4+1, all members in service, 2 members' drive files deleted (missing after a \
+             restart): a restart would leave data unavailable"
+        );
+        assert_eq!(
+            protection(4, 2, 0, 0, 1, 6),
+            "4+2, all members in service, one member's drive file deleted (missing after a \
+             restart): tolerates 1 more failure"
+        );
+        assert_eq!(
+            protection(4, 2, 1, 0, 2, 5),
+            "4+2, one member down, 2 members' drive files deleted (missing after a restart): \
+             a restart would leave data unavailable"
         );
     }
 }

@@ -713,6 +713,39 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// How often a member whose drive file was deleted is named again in the log.
+const UNLINKED_REMINDER: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Logs, at error level, each member whose drive file was deleted while the server holds it
+/// open (`Pool::unlinked_members`): when it is first seen and every `UNLINKED_REMINDER` after.
+/// Nothing fails meanwhile (the open file serves as before), which is why the log must say it:
+/// a restart will not find the member. `told`: the members named, and when.
+fn report_unlinked(pool: &flashpool_engine::Pool, told: &mut Vec<(usize, std::time::Instant)>) {
+    let now_unlinked = pool.unlinked_members();
+    told.retain(|(m, _)| now_unlinked.contains(m));
+    let drives = pool.drives();
+    for m in now_unlinked {
+        let due = told
+            .iter()
+            .find(|(t, _)| *t == m)
+            .is_none_or(|(_, at)| at.elapsed() >= UNLINKED_REMINDER);
+        if !due {
+            continue;
+        }
+        told.retain(|(t, _)| *t != m);
+        told.push((m, std::time::Instant::now()));
+        let path = drives.get(m).map_or("?", |d| d.identity.as_str());
+        tracing::error!(
+            drive = m,
+            path,
+            "the member's drive file was deleted while the server holds it open: it still \
+             serves, but a restart will find the member missing; put a drive in its place \
+             (`flashpool drive replace N PATH`) or remove it (`flashpool drive remove N`) \
+             while the server runs"
+        );
+    }
+}
+
 /// Segments the cleaner thread indexes for degraded reads per turn (each a scan of its chunk
 /// headers, tens of milliseconds on a disk), so a turn stays short.
 const DEGRADED_INDEX_PER_TURN: usize = 4;
@@ -737,6 +770,8 @@ fn spawn_cleaner(
             let mut last_sample: Option<std::time::Instant> = None;
             // Segments indexed for degraded reads since a member went out of service.
             let mut indexed: Option<(usize, std::time::Instant)> = None;
+            // Members whose drive file was deleted, and when that was last logged.
+            let mut unlinked_told: Vec<(usize, std::time::Instant)> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 if last_sample.is_none_or(|t| t.elapsed().as_secs() >= 10) {
                     window.sample(pool.stats());
@@ -748,6 +783,7 @@ fn spawn_cleaner(
                 if let Err(e) = pool.sync_member_states() {
                     tracing::error!(error = %e, "cannot record a member's state in the superblocks");
                 }
+                report_unlinked(&pool, &mut unlinked_told);
                 if pool.needs_rebuild() {
                     // Find the stripes of the lost member's segments now, a few per turn, so
                     // degraded reads do not scan chunk headers inside the read.

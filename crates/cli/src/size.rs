@@ -2,15 +2,18 @@
 
 use anyhow::{bail, Context, Result};
 
-/// Parses a byte size with an optional binary suffix (K, M, G, T; KiB, MiB, ...; B).
+/// Parses a byte size with an optional binary suffix (K, M, G, T; KiB, MiB, ...; B). A
+/// decimal fraction is taken when it makes a whole number of bytes (`1.5G`, not `1.5`).
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    if digits == 0 {
-        bail!("size {s:?}: expected a number with an optional suffix such as 64M or 1GiB");
+    let number = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (int, frac) = t[..number].split_once('.').unwrap_or((&t[..number], ""));
+    if int.is_empty() || frac.contains('.') || (t[..number].ends_with('.') && frac.is_empty()) {
+        bail!("size {s:?}: expected a number with an optional suffix such as 64M, 1GiB or 1.5G");
     }
-    let n: u64 = t[..digits].parse().with_context(|| format!("size {s:?}"))?;
-    let mult: u64 = match t[digits..].trim().to_ascii_lowercase().as_str() {
+    let mult: u64 = match t[number..].trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
@@ -18,8 +21,20 @@ pub fn parse_size(s: &str) -> Result<u64> {
         "t" | "tb" | "tib" => 1 << 40,
         other => bail!("size {s:?}: unknown suffix {other:?} (use K, M, G or T)"),
     };
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} overflows"))
+    let too_large = || anyhow::anyhow!("size {s:?} is too large (at most {} bytes)", u64::MAX);
+    // Exact: the digits as one integer over 10^(fraction digits), in u128.
+    if int.len() + frac.len() > 30 {
+        return Err(too_large());
+    }
+    let digits: u128 = format!("{int}{frac}")
+        .parse()
+        .expect("ASCII digits, at most 30");
+    let scale = 10u128.pow(frac.len() as u32);
+    let bytes = digits * u128::from(mult);
+    if !bytes.is_multiple_of(scale) {
+        bail!("size {s:?} is not a whole number of bytes");
+    }
+    u64::try_from(bytes / scale).map_err(|_| too_large())
 }
 
 /// The smallest drive `flashpool serve` makes a pool of: a 1 MiB superblock area and the
@@ -86,6 +101,24 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("0.5K").unwrap(), 512);
+        assert_eq!(parse_size("2.0").unwrap(), 2);
+        for (bad, why) in [
+            ("18446744073709551616", "too large"),
+            ("16777216T", "too large"),
+            ("1234567890123456789012345678901234567890", "too large"),
+            ("1.5", "not a whole number of bytes"),
+            ("0.1K", "not a whole number of bytes"),
+            ("1.2.3G", "expected a number"),
+            (".5G", "expected a number"),
+            ("5.G", "expected a number"),
+            ("1.5Q", "unknown suffix"),
+        ] {
+            let e = format!("{:#}", parse_size(bad).unwrap_err());
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
         assert_eq!(parse_drive_size("8M").unwrap(), 8 << 20);
         let e = parse_drive_size("1K").unwrap_err().to_string();
         assert!(

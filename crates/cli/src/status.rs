@@ -72,6 +72,19 @@ pub fn run(a: StatusArgs) -> Result<()> {
             unverified.join(", ")
         );
     }
+    let unlinked: Vec<String> = v["unlinked_members"]
+        .as_array()
+        .map(|a| a.iter().map(|m| m.to_string()).collect())
+        .unwrap_or_default();
+    if !unlinked.is_empty() {
+        println!(
+            "DELETED: the drive file of member(s) {} was deleted while the server holds it open: \
+             it still serves, but a restart will find the member missing. While the server \
+             runs, put a drive in its place (`flashpool drive replace N PATH`) or remove it \
+             (`flashpool drive remove N`)",
+            unlinked.join(", ")
+        );
+    }
     if let Some(limit) = p["live_limit_bytes"].as_u64() {
         let live = p["live_bytes"].as_u64().unwrap_or(0);
         if live <= limit {

@@ -141,7 +141,7 @@ fn wrong_flags_and_bad_sizes() {
         (
             "size overflow",
             &["serve", "--data", d, "--drive-size", "99999999999T"],
-            &["overflow"],
+            &["too large"],
         ),
         (
             "protection",

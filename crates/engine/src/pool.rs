@@ -431,8 +431,9 @@ pub struct DriveStatus {
 }
 
 /// Further member failures every stripe survives: parity chunks less the members down and
-/// the members in service short of chunks (`short`: their host filesystem was full), and
-/// never all the members in service (`in_service`; retired members count for neither).
+/// the members in service at risk (`short`: short of chunks, their host filesystem was full;
+/// or unlinked, gone at the next restart), and never all the members in service
+/// (`in_service`; retired members count for neither).
 pub fn failures_tolerated(m: usize, down: usize, short: usize, in_service: usize) -> usize {
     m.saturating_sub(down + short)
         .min(in_service.saturating_sub(1))
@@ -473,8 +474,12 @@ pub struct PoolInfo {
     /// those stripes have one chunk of parity fewer until a repair moves their data
     /// (`Pool::repair_pending`, scrub).
     pub members_short: usize,
-    /// Further member failures every stripe survives now: parity chunks less members down
-    /// and members short, and never all the members in service (0 when none).
+    /// Members in service whose drive file was deleted while open (`Pool::unlinked_members`):
+    /// they serve now and will be missing after a restart.
+    pub members_unlinked: usize,
+    /// Further member failures every stripe survives now: parity chunks less members down,
+    /// members short and members unlinked (a restart takes those out; one both short and
+    /// unlinked counts twice, erring low), and never all the members in service (0 when none).
     pub failures_tolerated: usize,
 }
 
@@ -680,6 +685,15 @@ impl Inner {
                         .any(|&s| self.live[s as usize].load(Ordering::Relaxed) > 0)
             })
             .count()
+    }
+
+    /// Members in service whose drive is a file deleted while open (`Drive::unlinked`): they
+    /// serve now and will be missing after a restart.
+    pub(crate) fn unlinked_members(&self) -> Vec<usize> {
+        (self.drives.iter().enumerate())
+            .filter(|(_, d)| d.usable().is_some_and(|drive| drive.unlinked()))
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// A read of member `d` at `offset` failed with an I/O error (the caller rebuilds what it
@@ -1189,7 +1203,11 @@ impl Pool {
             (w.segs.free_count(), w.segs.low_water())
         };
         let healthy = i.members_up();
-        let (down, short) = (i.drives_down(), i.members_short());
+        let (down, short, unlinked) = (
+            i.drives_down(),
+            i.members_short(),
+            i.unlinked_members().len(),
+        );
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
         PoolInfo {
@@ -1217,7 +1235,8 @@ impl Pool {
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
             members_down: down,
             members_short: short,
-            failures_tolerated: failures_tolerated(g.m as usize, down, short, healthy),
+            members_unlinked: unlinked,
+            failures_tolerated: failures_tolerated(g.m as usize, down, short + unlinked, healthy),
         }
     }
 
@@ -1281,6 +1300,13 @@ impl Pool {
                 latency: s.drive.as_ref().and_then(|d| d.latency()),
             })
             .collect()
+    }
+
+    /// Members in service whose drive file was deleted while the pool holds it open: the
+    /// open file still serves reads and writes, but the next open will not find the member.
+    /// Put another drive in its place (or remove it) while the pool is open.
+    pub fn unlinked_members(&self) -> Vec<usize> {
+        self.inner.unlinked_members()
     }
 
     /// Drives presented at open that were not taken as members, and why.

@@ -84,6 +84,7 @@ pub fn remove_drive(pool: &Pool, index: usize, reserve: bool) -> Result<RebuildS
                 m,
                 now.members_down,
                 now.members_short,
+                now.members_unlinked,
                 now.healthy_drives,
             )
         ))

@@ -651,8 +651,13 @@ fn pool_families(
         info.members_down as f64,
     );
     f.gauge(
+        "flashpool_drives_unlinked",
+        "Members in service whose drive file was deleted while the server holds it open: they serve now and will be missing after a restart (replace or remove them).",
+        info.members_unlinked as f64,
+    );
+    f.gauge(
         "flashpool_failures_tolerated",
-        "Further member failures the pool survives now (parity members less members down and members in service missing chunks their full host filesystem refused; fewer than the members in service).",
+        "Further member failures the pool survives now (parity members less members down, members in service missing chunks their full host filesystem refused, and members whose drive file was deleted; fewer than the members in service).",
         info.failures_tolerated as f64,
     );
     f.gauge(

@@ -378,6 +378,14 @@ impl Drive for FaultDrive {
         self.inner.space_from_host_filesystem()
     }
 
+    fn unlinked(&self) -> bool {
+        self.inner.unlinked()
+    }
+
+    fn release(&self) {
+        self.inner.release()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let d = self.begin(Kind::Read, buf.len())?;
         let c = &self.switch.counters;

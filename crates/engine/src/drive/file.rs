@@ -214,6 +214,35 @@ impl Drive for FileDrive {
         self.regular
     }
 
+    fn release(&self) {
+        // The descriptor is pointed at /dev/null rather than closed: its number stays taken,
+        // so an operation that raced the retirement reaches /dev/null (reads come back empty,
+        // writes vanish), never a file opened later under the same number.
+        let null = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot let go of a retired drive: /dev/null");
+                return;
+            }
+        };
+        // SAFETY: both descriptors are open and owned for the call (`null` by the File above,
+        // the target by `self.file`, which stays open: dup3 atomically makes it refer to
+        // /dev/null, dropping its reference to the drive's file). No memory is involved.
+        if unsafe { libc::dup3(null.as_raw_fd(), self.file.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            tracing::warn!(path = %self.path.display(), error = %io::Error::last_os_error(), "cannot let go of a retired drive");
+        }
+    }
+
+    fn unlinked(&self) -> bool {
+        // A block device node removed leaves the device itself, which the next open finds
+        // by its superblock among the machine's block devices; a file without a name is gone.
+        self.regular && self.file.metadata().is_ok_and(|md| md.nlink() == 0)
+    }
+
     fn fd_target(&self) -> Option<super::FdTarget> {
         Some(super::FdTarget {
             fd: self.file.as_raw_fd(),
@@ -226,6 +255,55 @@ impl Drive for FileDrive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Open files held by this process whose target is `p` deleted.
+    fn held_deleted(p: &Path) -> usize {
+        let want = format!("{} (deleted)", p.display());
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.display().to_string() == want)
+            .count()
+    }
+
+    #[test]
+    fn a_deleted_drive_file_is_unlinked_and_released_lets_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d0.img");
+        let d = FileDrive::create(&p, 1 << 20).unwrap();
+        assert!(!d.unlinked());
+        // Another name for it keeps it findable: not unlinked.
+        std::fs::hard_link(&p, dir.path().join("d0-link.img")).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        assert!(!d.unlinked(), "a hard link still names it");
+        std::fs::remove_file(dir.path().join("d0-link.img")).unwrap();
+        assert!(d.unlinked());
+        // It still works: the open file serves as before.
+        let mut a = AlignedBuf::zeroed(4096);
+        a[0] = 7;
+        d.write_at(0, &a).unwrap();
+        let mut b = AlignedBuf::zeroed(4096);
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b[0], 7);
+        // The descriptor shows the name it was opened by.
+        assert_eq!(held_deleted(&p), 1);
+        d.release();
+        assert_eq!(held_deleted(&p), 0, "released");
+        assert!(d.read_at(0, &mut b).is_err(), "a read after release fails");
+        assert!(!d.unlinked());
+    }
+
+    #[test]
+    fn a_moved_drive_file_is_not_unlinked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d0.img");
+        let d = FileDrive::create(&p, 1 << 20).unwrap();
+        std::fs::rename(&p, dir.path().join("moved.img")).unwrap();
+        assert!(
+            !d.unlinked(),
+            "moved, not deleted: the next open finds it by its superblock"
+        );
+    }
 
     #[test]
     fn round_trip_aligned_and_unaligned_buffers() {

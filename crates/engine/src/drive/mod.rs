@@ -60,6 +60,17 @@ pub trait Drive: Send + Sync {
     fn space_from_host_filesystem(&self) -> bool {
         false
     }
+    /// True when the drive is a file that no longer has a name: deleted (or its last link
+    /// replaced) while the pool holds it open. Reads and writes still work through the open
+    /// file, so nothing else notices, but the next open cannot find it: the member will be
+    /// missing after a restart. False (the default) for everything else.
+    fn unlinked(&self) -> bool {
+        false
+    }
+    /// The pool will not use this drive again (its member was retired): let go of what it
+    /// holds, so a deleted drive file's space goes back to its filesystem and a device may be
+    /// used elsewhere. Operations after it fail or do nothing. The default does nothing.
+    fn release(&self) {}
     /// The file descriptor a batch ([`batch::run`]) may drive directly through io_uring, for
     /// drives that are a file or block device and nothing more; None (the default) makes a
     /// batch call the methods above, so wrappers that inject faults or record writes see

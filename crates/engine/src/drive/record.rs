@@ -73,6 +73,14 @@ impl Drive for RecordingDrive {
         self.inner.space_from_host_filesystem()
     }
 
+    fn unlinked(&self) -> bool {
+        self.inner.unlinked()
+    }
+
+    fn release(&self) {
+        self.inner.release()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inner.read_at(offset, buf)
     }
