@@ -149,10 +149,14 @@ pub fn status_json(
         // zero host bytes means nothing).
         "write_amplification": if stats.host_write_bytes == 0 {
             serde_json::json!({"since": "start", "host_write_bytes": 0,
+                "media_write_bytes": stats.media_write_bytes(),
+                "gc_relocated_bytes": stats.gc_relocated_bytes,
                 "total": null, "gc": null, "parity": null, "metadata": null, "padding": null})
         } else {
             serde_json::json!({
                 "since": "start", "host_write_bytes": stats.host_write_bytes,
+                "media_write_bytes": stats.media_write_bytes(),
+                "gc_relocated_bytes": stats.gc_relocated_bytes,
                 "total": stats.write_amplification(),
                 "gc": stats.gc_relocated_bytes as f64 / host,
                 "parity": stats.media_parity_bytes as f64 / host,
@@ -449,6 +453,7 @@ fn cleaner_json(ctx: &AdminCtx) -> serde_json::Value {
     let st = ctx.pool.stats();
     serde_json::json!({
         "paused": ctx.controls.cleaner_paused.load(Ordering::SeqCst),
+        "idle": ctx.pool.gc_idle(), "idle_rounds": st.gc_idle_rounds,
         "free_segments": info.free_segments, "segments": info.segment_count,
         "high_water_segments": ctx.pool.gc_high_water(),
         "runs": st.gc_runs, "segments_cleaned": st.gc_segments_cleaned,
@@ -613,7 +618,7 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         Op::CleanerStatus => cleaner_json(ctx),
         Op::CleanerRun { free_segments } => {
             let target = free_segments.unwrap_or_else(|| pool.gc_high_water());
-            let n = pool.gc(target)?;
+            let n = pool.gc_now(target)?;
             let mut j = ok(format!(
                 "cleaner: {n} segments cleaned, {} free",
                 pool.info().free_segments
