@@ -618,7 +618,7 @@ pub fn execute(ctx: &AdminCtx, op: Op) -> Result<serde_json::Value, OpError> {
         Op::CleanerStatus => cleaner_json(ctx),
         Op::CleanerRun { free_segments } => {
             let target = free_segments.unwrap_or_else(|| pool.gc_high_water());
-            let n = pool.gc_now(target)?;
+            let n = pool.gc(target)?;
             let mut j = ok(format!(
                 "cleaner: {n} segments cleaned, {} free",
                 pool.info().free_segments

@@ -1316,19 +1316,21 @@ impl Pool {
         *self.inner.gc_policy.lock() = p;
     }
 
-    /// One round of background cleaning: cleans while fewer than `free_target` segments are
-    /// free (and garbage is worth collecting). Returns the number of segments cleaned.
-    /// A round that cleans or moves data without gaining a free segment leaves background
-    /// cleaning idle (later rounds return 0 at once) until something changes: a host write, a
-    /// trim, a volume delete or shrink, or the members in service (`Pool::gc_idle`).
+    /// One round of cleaning: cleans while fewer than `free_target` segments are free (and
+    /// garbage is worth collecting). Returns the number of segments cleaned. It runs whenever
+    /// called (an operator's `cleaner run`, tests); the server's cleaner thread uses
+    /// [`Pool::gc_background`].
     pub fn gc(&self, free_target: usize) -> Result<usize> {
-        self.inner.gc_background(free_target)
+        self.inner.gc_until(free_target)
     }
 
-    /// Cleaning towards `free_target` free segments now, as an operator asks for it: it runs
-    /// whether or not background cleaning is idle, and does not change that.
-    pub fn gc_now(&self, free_target: usize) -> Result<usize> {
-        self.inner.gc_until(free_target)
+    /// One round of background cleaning towards `free_target` free segments. A round that
+    /// cleans or moves data without gaining a free segment leaves background cleaning idle
+    /// (later rounds return 0 at once) until something changes: a host write, a trim, a volume
+    /// delete or shrink, or the members in service (`Pool::gc_idle`); and a round stops once
+    /// it gains two segments fewer than its measure of the victims promised.
+    pub fn gc_background(&self, free_target: usize) -> Result<usize> {
+        self.inner.gc_background(free_target)
     }
 
     /// True while background cleaning is idle because its last round gained nothing.
