@@ -167,10 +167,14 @@ pub fn status_json(
         // zero host bytes means nothing).
         "write_amplification": if stats.host_write_bytes == 0 {
             serde_json::json!({"since": "start", "host_write_bytes": 0,
+                "media_write_bytes": stats.media_write_bytes(),
+                "gc_relocated_bytes": stats.gc_relocated_bytes,
                 "total": null, "gc": null, "parity": null, "metadata": null, "padding": null})
         } else {
             serde_json::json!({
                 "since": "start", "host_write_bytes": stats.host_write_bytes,
+                "media_write_bytes": stats.media_write_bytes(),
+                "gc_relocated_bytes": stats.gc_relocated_bytes,
                 "total": stats.write_amplification(),
                 "gc": stats.gc_relocated_bytes as f64 / host,
                 "parity": stats.media_parity_bytes as f64 / host,
@@ -468,6 +472,7 @@ fn cleaner_json(ctx: &AdminCtx) -> serde_json::Value {
     let st = ctx.pool.stats();
     serde_json::json!({
         "paused": ctx.controls.cleaner_paused.load(Ordering::SeqCst),
+        "idle": ctx.pool.gc_idle(), "idle_rounds": st.gc_idle_rounds,
         "free_segments": info.free_segments, "segments": info.segment_count,
         "high_water_segments": ctx.pool.gc_high_water(),
         "runs": st.gc_runs, "segments_cleaned": st.gc_segments_cleaned,

@@ -841,7 +841,7 @@ fn spawn_cleaner(
                 if !controls.cleaner_paused.load(std::sync::atomic::Ordering::SeqCst)
                     && pool.info().free_segments < high
                 {
-                    match pool.gc(high) {
+                    match pool.gc_background(high) {
                         Ok(n) if n > 0 => tracing::debug!(cleaned = n, "background cleaning"),
                         Ok(_) => {}
                         Err(e) => {

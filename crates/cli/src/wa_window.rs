@@ -39,14 +39,22 @@ impl WaWindow {
             return serde_json::Value::Null;
         };
         let host = now.host_write_bytes.saturating_sub(old.host_write_bytes);
+        let media = (now.media_write_bytes()).saturating_sub(old.media_write_bytes());
+        let moved = now
+            .gc_relocated_bytes
+            .saturating_sub(old.gc_relocated_bytes);
         if host == 0 {
-            return serde_json::json!({"seconds": at.elapsed().as_secs(), "host_write_bytes": 0});
+            // No ratio, but what the drives were written all the same (the cleaner's moves,
+            // checkpoints): traffic without host writes is what an operator must see.
+            return serde_json::json!({"seconds": at.elapsed().as_secs(), "host_write_bytes": 0,
+                "media_write_bytes": media, "gc_relocated_bytes": moved});
         }
         let d = |a: u64, b: u64| a.saturating_sub(b) as f64 / host as f64;
-        let media = (now.media_write_bytes()).saturating_sub(old.media_write_bytes());
         serde_json::json!({
             "seconds": at.elapsed().as_secs(),
             "host_write_bytes": host,
+            "media_write_bytes": media,
+            "gc_relocated_bytes": moved,
             "total": media as f64 / host as f64,
             "gc": d(now.gc_relocated_bytes, old.gc_relocated_bytes),
             "parity": d(now.media_parity_bytes, old.media_parity_bytes),
@@ -71,6 +79,16 @@ mod tests {
         w.sample(a.clone());
         assert_eq!(w.json(&a)["host_write_bytes"], 0);
         assert!(w.json(&a)["total"].is_null());
+        // No host writes, but the cleaner moved data: the drive traffic still shows.
+        let idle = StatsSnapshot {
+            gc_relocated_bytes: 4096,
+            media_data_bytes: 100 + 4096,
+            ..a.clone()
+        };
+        let j = w.json(&idle);
+        assert!(j["total"].is_null());
+        assert_eq!(j["media_write_bytes"], 4096, "{j}");
+        assert_eq!(j["gc_relocated_bytes"], 4096, "{j}");
         let b = StatsSnapshot {
             host_write_bytes: 1100,
             media_data_bytes: 1100,

@@ -781,6 +781,24 @@ fn fresh_pool_then_writes_then_restart() {
         line(&text, "not a member: ").contains("stray.img"),
         "{text}"
     );
+    // No host writes since the start, but the line still says what the drives were written
+    // (the cleaner's moves, checkpoints): before, only "no host writes since the server
+    // started", however much the cleaner moved.
+    let wa = line(&text, "write amplification: ");
+    assert!(
+        wa.starts_with(
+            "write amplification: no host writes since the server started; the drives were written"
+        ),
+        "{wa}"
+    );
+    assert!(
+        on["write_amplification"]["media_write_bytes"].is_u64(),
+        "{on:#}"
+    );
+    assert!(
+        on["write_amplification"]["gc_relocated_bytes"].is_u64(),
+        "{on:#}"
+    );
     // The data read back after the restart is what was written.
     let mut c = Nbd::connect(&srv.nbd, "raw").unwrap();
     assert!(c.read_all(0, raw_len) == raw_data, "raw data changed");
@@ -961,7 +979,10 @@ fn drive_fail_restart_rebuild_and_add() {
     }
     check_text_pool_line(&status_text(&data), &v);
 
-    // --- Rebuilt: the member retired, full protection again on the four left.
+    // --- Rebuilt: the member retired, full protection again on the four left. A retired
+    // member never comes back, so the whole pool is the four left: stripes 3+1 when whole,
+    // and the capacity that gives (before, status kept saying 4+1 and the five-member
+    // capacity, across restarts too).
     ok(&["drive", "--data", s(&data), "rebuild"]);
     let v = status(&data);
     let p = &v["pool"];
@@ -969,6 +990,13 @@ fn drive_fail_restart_rebuild_and_add() {
     assert_eq!(u(&p["members"]), DRIVES - 1, "{p:#}");
     assert_eq!(u(&p["healthy_drives"]), DRIVES - 1, "{p:#}");
     assert_eq!(u(&p["width_now"]), K - 1, "{p:#}");
+    assert_eq!(
+        u(&p["k"]),
+        K - 1,
+        "a retired member does not come back: {p:#}"
+    );
+    assert_eq!(u(&p["capacity_bytes"]), SEGMENTS * SEG * (K - 1), "{p:#}");
+    assert_eq!(u(&v["protection"]["k"]), K - 1);
     assert_eq!(
         u(&p["capacity_now_bytes"]),
         SEGMENTS * SEG * (K - 1),
@@ -988,7 +1016,7 @@ fn drive_fail_restart_rebuild_and_add() {
     assert_eq!(u(&pr["failures_tolerated"]), M, "{pr:#}");
     assert_eq!(
         pr["summary"],
-        "4+1, all members in service: tolerates 1 more failure"
+        "3+1, all members in service: tolerates 1 more failure"
     );
     let rb = &v["rebuild"];
     assert_eq!(rb["needed"], false, "{rb:#}");

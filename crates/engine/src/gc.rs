@@ -52,6 +52,65 @@ pub(crate) struct RoomNow {
     /// emptier than it is. Measuring against full width while drives are out would make every
     /// segment look worth cleaning and the cleaner churn.
     segment_capacity: f64,
+    /// Today's data width, the parity count and the chunk size.
+    w: usize,
+    m: usize,
+    chunk: usize,
+    /// Write records one stripe holds (its record budget over a relocation's record).
+    records: f64,
+    /// Bytes of a whole segment on the members in service.
+    segment_bytes: f64,
+}
+
+/// Bytes of a relocation's write record (a stamped one; an unstamped move names its origin,
+/// just as long): what each block moved takes of a stripe's record budget.
+const MOVE_RECORD: usize = 32;
+
+impl RoomNow {
+    /// The share of a segment's bytes (data, parity and chunk headers) that `blocks` blocks of
+    /// `bytes` stored bytes take when the cleaner rewrites them at today's width.
+    ///
+    /// A stripe closes when its data chunks are full or when its record budget is (one write
+    /// record per block: room for full stripes at 2:1 compression). Blocks that compress
+    /// further (zeros, repeating patterns: a few dozen bytes each) fill the budget first, so
+    /// their stripes are narrow, a few kilobytes of data with a chunk of parity and full
+    /// headers on m + 1 chunks, and a segment of them holds a small fraction of the data a
+    /// segment of full stripes does. Measured by bytes alone, such a segment looked mostly
+    /// empty, and cleaning it rewrote it block for block into as many stripes again: on a full
+    /// pool with no host writes the cleaner moved hundreds of megabytes a minute, forever.
+    /// The blocks are taken as `bytes / blocks` each (segments hold runs of like data).
+    fn rewrite_share(&self, bytes: f64, blocks: f64) -> f64 {
+        if blocks <= 0.0 || self.segment_bytes <= 0.0 {
+            return 0.0;
+        }
+        let chunk = self.chunk as f64;
+        let full = (self.w * self.chunk) as f64;
+        let stripes = (blocks / self.records).max(bytes / full);
+        let d = (bytes / stripes).min(full);
+        let wc = ((d / chunk).ceil() as usize).clamp(1, self.w);
+        let up = |x: f64| crate::format::round_up_block(x.ceil() as usize) as f64;
+        let data = (wc - 1) as f64 * chunk + up(d - (wc - 1) as f64 * chunk);
+        let lead = if wc > 1 { chunk } else { up(d) };
+        let n = wc + self.m;
+        let recs = (blocks / stripes * MOVE_RECORD as f64).ceil() as usize;
+        let full_hdr = crate::format::header::header_len_with(n, recs) as f64;
+        let short_hdr = crate::format::header::header_len_with(n, 0) as f64;
+        let per_stripe = data
+            + self.m as f64 * lead
+            + (self.m + 1) as f64 * full_hdr
+            + (wc - 1) as f64 * short_hdr;
+        stripes * per_stripe / self.segment_bytes
+    }
+}
+
+/// Background cleaning gave up until the pool changes: its last round gained no free segment
+/// (`Inner::gc_background`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GcIdle {
+    /// `Inner::gc_activity`, today's width and the members in service when it gave up.
+    activity: u64,
+    width: u8,
+    up: usize,
 }
 
 impl Inner {
@@ -66,6 +125,11 @@ impl Inner {
         RoomNow {
             data_fraction: w as f64 / (w + m) as f64,
             segment_capacity: self.segment_data(up.max(w + m), w) as f64,
+            w,
+            m,
+            chunk: self.geo.chunk_size as usize,
+            records: (self.shape.record_budget / MOVE_RECORD).max(1) as f64,
+            segment_bytes: (self.geo.segment_size * up.max(w + m) as u64) as f64,
         }
     }
 
@@ -96,27 +160,33 @@ impl Inner {
     /// rebuild closes them before it starts) or filled with stripes sealed small by flushes.
     /// Without the second, such a segment counted as full for as long as its data lived, and a
     /// pool restarted often with cold data ran out of room far below its capacity.
+    ///
+    /// Neither sees blocks that compress far: their stripes close on the record budget, not
+    /// on their data, so rewriting them takes as many narrow stripes as they have now. The
+    /// higher of that and the share of the segment those stripes take rewritten
+    /// (`RoomNow::rewrite_share`, from the segment's live blocks and bytes) counts.
     pub(crate) fn utilisation(&self, seg: usize, now: &RoomNow) -> f64 {
         let live = self.live[seg].load(Ordering::Relaxed) as f64;
+        let blocks = self.live_count[seg].load(Ordering::Relaxed) as f64;
         let slots = self.written_slots[seg].load(Ordering::Relaxed) as f64;
         // What the space its stripes took holds at today's data fraction; unknown (0) for a
         // segment used before a restart from a version-1 checkpoint.
         let taken = slots * now.data_fraction;
         let room = taken.max(now.segment_capacity);
-        (live / room).min(1.0)
+        (live / room).max(now.rewrite_share(live, blocks)).min(1.0)
     }
 
     /// The segment to clean next, if any holds garbage worth the work.
     /// Only segments closed before sequence number `before` are candidates: a cleaning run
     /// never picks what it wrote itself. Nor one with stripes still on their way to the
     /// drives ([`Inner::segment_settled`]).
-    pub(crate) fn pick_victim(&self, before: u64) -> Option<u32> {
+    pub(crate) fn pick_victim(&self, before: u64) -> Option<(u32, f64)> {
         let room = self.room_now();
         let w = self.writer.lock();
         let now = w.next_seq;
         let policy = *self.gc_policy.lock();
-        // (score, segment) of the best candidate.
-        let mut best: Option<(f64, u32)> = None;
+        // (score, segment, utilisation) of the best candidate.
+        let mut best: Option<(f64, u32, f64)> = None;
         for (i, st) in w.segs.states.iter().enumerate() {
             if *st != SegState::Used
                 || w.segs.closed_seq[i] >= before
@@ -135,11 +205,11 @@ impl Inner {
                     (1.0 - u) * age / (1.0 + u)
                 }
             };
-            if best.is_none_or(|(b, _)| score > b) {
-                best = Some((score, i as u32));
+            if best.is_none_or(|(b, _, _)| score > b) {
+                best = Some((score, i as u32, u));
             }
         }
-        best.map(|(_, s)| s)
+        best.map(|(_, s, u)| (s, u))
     }
 
     /// Re-appends, in the GC stream, every block of stripe `desc` the maps still point at.
@@ -412,10 +482,21 @@ impl Inner {
     /// Cleans until more than `target` segments are free, or nothing is worth cleaning; then
     /// frees the cleaned segments. Returns how many were cleaned.
     pub(crate) fn gc_until(&self, target: usize) -> Result<usize> {
+        self.gc_run(target, false)
+    }
+
+    /// `gc_until`; with `check_gain` (background cleaning) the run also stops once the
+    /// segments it freed fall two behind what its measure of the victims promised (the sum of
+    /// their free shares): cleaning that does not gain what it expects is not worth the drive
+    /// writes. A writer's foreground cleaning goes on regardless (it needs the room).
+    fn gc_run(&self, target: usize, check_gain: bool) -> Result<usize> {
         let _one_cleaner = self.gc_lock.lock();
         let mut cleaned = 0;
         let mut tried = 0;
         let run_start = self.writer.lock().next_seq;
+        // Free and reclaimed segments when the run began, and the gain its victims promised.
+        let mut start: Option<usize> = None;
+        let mut promised = 0.0;
         loop {
             let (free, reclaimed) = {
                 let w = self.writer.lock();
@@ -430,12 +511,26 @@ impl Inner {
             if free + reclaimed > target || tried >= self.live.len() {
                 break;
             }
-            let Some(victim) = self.pick_victim(run_start) else {
+            let have = free + reclaimed;
+            let gained = have as f64 - *start.get_or_insert(have) as f64;
+            if check_gain && promised - gained >= 2.0 {
+                tracing::debug!(
+                    promised,
+                    gained,
+                    cleaned,
+                    "cleaning gains less than its measure promised: run stopped"
+                );
+                break;
+            }
+            let Some((victim, u)) = self.pick_victim(run_start) else {
                 break;
             };
             tried += 1;
             match self.clean_segment(victim, true, false) {
-                Ok(true) => cleaned += 1,
+                Ok(true) => {
+                    cleaned += 1;
+                    promised += 1.0 - u;
+                }
                 Ok(false) => {}
                 // Out of room for relocations: free what was cleaned, then stop.
                 Err(crate::error::Error::NoSpace) => break,
@@ -454,6 +549,62 @@ impl Inner {
         }
         self.free_cleaned(target)?;
         Stats::add(&self.stats.gc_runs, 1);
+        Ok(cleaned)
+    }
+
+    /// What the cleaner's chance of gaining room depends on besides its own moves: host
+    /// writes, trims, volume deletes and shrinks (`Inner::gc_activity`), the stripe width and
+    /// the members in service.
+    fn gc_idle_key(&self) -> GcIdle {
+        GcIdle {
+            activity: self.gc_activity.load(Ordering::SeqCst),
+            width: self.width.load(Ordering::SeqCst),
+            up: self.members_up(),
+        }
+    }
+
+    /// Notes something that may give the cleaner room to gain (see `gc_idle_key`).
+    pub(crate) fn gc_wake(&self) {
+        self.gc_activity.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// True while background cleaning is idle: its last round gained no free segment and
+    /// nothing changed since.
+    pub(crate) fn gc_is_idle(&self) -> bool {
+        let key = self.gc_idle_key();
+        self.gc_idle.lock().is_some_and(|k| k == key)
+    }
+
+    /// One round of background cleaning towards `target` free segments. Each round must gain
+    /// free segments: one that cleaned or moved something without gaining any (every victim's
+    /// live data took as much room rewritten as the victim gave back) leaves background
+    /// cleaning idle until something changes (`gc_idle_key`), so a full pool nobody writes
+    /// to does not have its data moved round after round, wearing the drives for nothing.
+    pub(crate) fn gc_background(&self, target: usize) -> Result<usize> {
+        let key = self.gc_idle_key();
+        if self.gc_idle.lock().is_some_and(|k| k == key) {
+            return Ok(0);
+        }
+        let free_before = self.writer.lock().segs.free_count();
+        let moved_before = self.stats.gc_relocated_bytes.load();
+        let cleaned = self.gc_run(target, true)?;
+        let free_after = self.writer.lock().segs.free_count();
+        let moved = self.stats.gc_relocated_bytes.load() - moved_before;
+        let worked = cleaned > 0 || moved > 0;
+        let mut idle = self.gc_idle.lock();
+        if worked && free_after <= free_before && free_after < target && self.gc_idle_key() == key {
+            tracing::info!(
+                free_segments = free_after,
+                target,
+                cleaned,
+                moved_bytes = moved,
+                "background cleaning gains no free segment: idle until the pool changes"
+            );
+            Stats::add(&self.stats.gc_idle_rounds, 1);
+            *idle = Some(key);
+        } else {
+            *idle = None;
+        }
         Ok(cleaned)
     }
 

@@ -224,9 +224,12 @@ pub(crate) struct VolumeState {
     pub map: BlockMap,
     pub deleted: AtomicBool,
     pub compressor: crate::compress::Compressor,
-    /// Logical bytes of whole blocks written, and the bytes they took when stored.
-    pub logical_written: crate::stats::Counter,
-    pub stored_written: crate::stats::Counter,
+    /// Logical bytes of the blocks the volume's map points at (written or moved, on the drives
+    /// or still buffered), and the bytes they take stored: what its compression ratio divides.
+    /// Every map change keeps them (`VolumeState::hold`, `Inner::release_from`), so an
+    /// overwrite, trim or shrink counts at once what a restart would recount from the maps.
+    pub logical_held: crate::stats::Counter,
+    pub stored_held: crate::stats::Counter,
 }
 
 #[derive(Default)]
@@ -320,6 +323,10 @@ pub(crate) struct Inner {
     /// Stripe buffers that may exist at once (`MAX_STRIPE_BUFFERS`, more with stripe writers).
     pub max_buffers: AtomicU64,
     pub live: Vec<AtomicU64>,
+    /// Per segment, the blocks counted in `live`: how many write records rewriting its live
+    /// data takes. Blocks that compress far fill a stripe's record budget long before its data
+    /// chunks, so their rewrite takes stripes by the block, not by the byte (`gc::RoomNow`).
+    pub live_count: Vec<AtomicU64>,
     /// The space each segment's stripes took since it was opened, in bytes of data and parity:
     /// what the cleaner measures live data against. Kept by checkpoints and replay; 0 for a
     /// segment holding data means unknown (used before a restart from a version-1 checkpoint).
@@ -356,6 +363,11 @@ pub(crate) struct Inner {
     /// while read-only).
     pub short_of_members: AtomicBool,
     pub gc_policy: Mutex<crate::gc::GcPolicy>,
+    /// Bumped by everything that may give the cleaner something to gain: host writes, trims,
+    /// volume deletes and shrinks (`gc::GcIdle`).
+    pub gc_activity: AtomicU64,
+    /// Background cleaning found nothing it could gain; it stays idle until the pool changes.
+    pub gc_idle: Mutex<Option<crate::gc::GcIdle>>,
     /// Drives presented at open that are not members, with the reason (for status).
     pub ignored: Mutex<Vec<crate::assembly::IgnoredDrive>>,
     /// A member changed state since the superblocks were last written.
@@ -443,6 +455,10 @@ pub fn failures_tolerated(m: usize, down: usize, short: usize, in_service: usize
 #[derive(Clone, Debug)]
 pub struct PoolInfo {
     pub uuid: String,
+    /// Data chunks of a stripe when the pool is whole: every member not retired in service.
+    /// A retired member never comes back, so after a removal this is what the members left
+    /// give (one fewer with four left of a 4+1 pool); a failed or missing member may come
+    /// back and still counts. Added drives widen it again, up to the pool's width.
     pub k: usize,
     pub m: usize,
     pub drive_count: usize,
@@ -453,7 +469,8 @@ pub struct PoolInfo {
     /// Bytes of each member drive the pool uses.
     pub drive_size: u64,
     pub free_segments: usize,
-    /// Bytes of data the pool can hold when every segment is used at full width.
+    /// Bytes of data the pool can hold when every segment is used at the width of the whole
+    /// pool (`k`: retired members left out).
     pub capacity_bytes: u64,
     /// Members not retired (in service, failed or missing).
     pub member_drives: usize,
@@ -547,6 +564,7 @@ impl Inner {
             buffers_made: AtomicU64::new(0),
             max_buffers: AtomicU64::new(MAX_STRIPE_BUFFERS),
             live: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
+            live_count: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             written_slots: (0..nseg).map(|_| AtomicU64::new(0)).collect(),
             stripes_in_flight: (0..nseg).map(|_| AtomicU32::new(0)).collect(),
             stats: Stats::default(),
@@ -565,6 +583,8 @@ impl Inner {
             read_only: Mutex::new(None),
             short_of_members: AtomicBool::new(false),
             gc_policy: Mutex::new(crate::gc::GcPolicy::default()),
+            gc_activity: AtomicU64::new(0),
+            gc_idle: Mutex::new(None),
             ignored: Mutex::new(Vec::new()),
             states_dirty: AtomicBool::new(false),
             rebuild_reserve: AtomicBool::new(false),
@@ -1210,17 +1230,22 @@ impl Pool {
         );
         let width = i.width.load(Ordering::Relaxed) as usize;
         let width_now = width.min(healthy.saturating_sub(g.m as usize));
+        let members = i
+            .drives
+            .iter()
+            .filter(|d| !d.retired.load(Ordering::Relaxed))
+            .count();
+        // The width with every member in service: a retired member never comes back (its
+        // data lives on the others), so "whole" is what the members left give; a failed or
+        // missing one may, so it still counts. Adding drives widens it again.
+        let width_whole = width.min(members.saturating_sub(g.m as usize));
         PoolInfo {
-            member_drives: i
-                .drives
-                .iter()
-                .filter(|d| !d.retired.load(Ordering::Relaxed))
-                .count(),
+            member_drives: members,
             width_now,
             capacity_now_bytes: g.segment_count as u64 * g.segment_size * width_now as u64,
             live_limit_bytes: i.rebuild_limit(held_back),
             uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
-            k: i.width.load(Ordering::Relaxed) as usize,
+            k: width_whole,
             m: g.m as usize,
             drive_count: i.drives.len(),
             healthy_drives: healthy,
@@ -1229,9 +1254,7 @@ impl Pool {
             segment_count: g.segment_count,
             drive_size: g.drive_size,
             free_segments: free,
-            capacity_bytes: g.segment_count as u64
-                * g.segment_size
-                * i.width.load(Ordering::Relaxed) as u64,
+            capacity_bytes: g.segment_count as u64 * g.segment_size * width_whole as u64,
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
             members_down: down,
             members_short: short,
@@ -1319,10 +1342,26 @@ impl Pool {
         *self.inner.gc_policy.lock() = p;
     }
 
-    /// One round of background cleaning: cleans while fewer than `free_target` segments are
-    /// free (and garbage is worth collecting). Returns the number of segments cleaned.
+    /// One round of cleaning: cleans while fewer than `free_target` segments are free (and
+    /// garbage is worth collecting). Returns the number of segments cleaned. It runs whenever
+    /// called (an operator's `cleaner run`, tests); the server's cleaner thread uses
+    /// [`Pool::gc_background`].
     pub fn gc(&self, free_target: usize) -> Result<usize> {
         self.inner.gc_until(free_target)
+    }
+
+    /// One round of background cleaning towards `free_target` free segments. A round that
+    /// cleans or moves data without gaining a free segment leaves background cleaning idle
+    /// (later rounds return 0 at once) until something changes: a host write, a trim, a volume
+    /// delete or shrink, or the members in service (`Pool::gc_idle`); and a round stops once
+    /// it gains two segments fewer than its measure of the victims promised.
+    pub fn gc_background(&self, free_target: usize) -> Result<usize> {
+        self.inner.gc_background(free_target)
+    }
+
+    /// True while background cleaning is idle because its last round gained nothing.
+    pub fn gc_idle(&self) -> bool {
+        self.inner.gc_is_idle()
     }
 
     /// The free-segment count below which background cleaning should run (a fiftieth of the

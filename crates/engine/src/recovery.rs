@@ -668,13 +668,14 @@ impl Inner {
                     if let Some(Entry::Media { offset, len, .. }) = Entry::decode(*e) {
                         let s = SegmentTable::segment_of(&self.geo, offset) as usize;
                         self.live[s].fetch_add(len as u64, Ordering::Relaxed);
+                        self.live_count[s].fetch_add(1, Ordering::Relaxed);
                         logical += BLOCK as u64;
                         stored += len as u64;
                     }
                 }
             });
-            v.logical_written.add(logical);
-            v.stored_written.add(stored);
+            v.logical_held.add(logical);
+            v.stored_held.add(stored);
         }
         for (s, written) in self.written_slots.iter().enumerate() {
             let (written, live) = (

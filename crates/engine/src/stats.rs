@@ -38,6 +38,10 @@ impl Counter {
     pub fn add(&self, n: u64) {
         self.shards[shard()].0.fetch_add(n, Relaxed);
     }
+    /// Subtracts `n` (the shards wrap; their sum does not, while it stays at or above 0).
+    pub fn sub(&self, n: u64) {
+        self.shards[shard()].0.fetch_add(n.wrapping_neg(), Relaxed);
+    }
     /// The sum of every shard.
     pub fn load(&self) -> u64 {
         self.shards
@@ -134,6 +138,10 @@ counters! {
     gc_segments_unread,
     /// Cleaner passes.
     gc_runs,
+    /// Background cleaning rounds that gained no free segment, after which background
+    /// cleaning stayed idle until a host write, trim, volume delete or shrink, or a change of
+    /// the members in service.
+    gc_idle_rounds,
     /// Emptied segments freed by a log record (no checkpoint needed).
     segments_freed_by_log,
     /// Of those, segments written since the latest checkpoint (a stamped log: what they

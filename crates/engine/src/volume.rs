@@ -26,9 +26,21 @@ impl VolumeState {
             map: BlockMap::new(),
             deleted: AtomicBool::new(false),
             compressor: Compressor::new(compression),
-            logical_written: Default::default(),
-            stored_written: Default::default(),
+            logical_held: Default::default(),
+            stored_held: Default::default(),
         }
+    }
+
+    /// The map now points at a block stored in `len` bytes.
+    pub(crate) fn hold(&self, len: u32) {
+        self.logical_held.add(B);
+        self.stored_held.add(len as u64);
+    }
+
+    /// The map no longer points at a block stored in `len` bytes.
+    pub(crate) fn unhold(&self, len: u32) {
+        self.logical_held.sub(B);
+        self.stored_held.sub(len as u64);
     }
 
     /// Sets the size and unmaps every block past the smaller of the old and new ends (the
@@ -99,15 +111,15 @@ pub struct VolumeInfo {
     pub map_bytes: u64,
     /// Compression setting.
     pub compression: Compression,
-    /// Logical bytes over stored bytes: of the data the volume held when the pool was opened
-    /// plus the whole blocks written since (1.0 when nothing compressed), so it survives
-    /// restarts.
+    /// Logical bytes over stored bytes of the blocks the volume holds now (1.0 when it holds
+    /// none): overwritten, trimmed and cut-off blocks leave it at once, and a restart, which
+    /// recounts it from the maps, finds the same.
     pub compression_ratio: f64,
 }
 
 impl VolumeInfo {
     pub(crate) fn of(v: &VolumeState) -> Self {
-        let (logical, stored) = (v.logical_written.load(), v.stored_written.load());
+        let (logical, stored) = (v.logical_held.load(), v.stored_held.load());
         VolumeInfo {
             id: v.id,
             name: v.name.clone(),

@@ -357,6 +357,7 @@ impl Inner {
                 .compare_exchange(lba, buffered.encode(), media.encode())
             {
                 self.live[s.segment as usize].fetch_add(len as u64, Ordering::Relaxed);
+                self.live_count[s.segment as usize].fetch_add(1, Ordering::Relaxed);
             }
         }
         self.inflight.write().remove(&(s.seq & SEQ_MASK));
@@ -371,12 +372,23 @@ impl Inner {
         self.done_cv.notify_all();
     }
 
+    /// Gives back the space of volume `v`'s map entry that was replaced, and takes it out of
+    /// what the volume holds (its compression ratio).
+    pub(crate) fn release_from(&self, v: &VolumeState, old: u64) {
+        if let Some(Entry::Media { len, .. } | Entry::Buffered { len, .. }) = Entry::decode(old) {
+            v.unhold(len);
+        }
+        self.release(old);
+    }
+
     /// Gives back the space of a map entry that was replaced.
     pub(crate) fn release(&self, old: u64) {
         if let Some(Entry::Media { offset, len, .. }) = Entry::decode(old) {
             let seg = SegmentTable::segment_of(&self.geo, offset) as usize;
             let prev = self.live[seg].fetch_sub(len as u64, Ordering::Relaxed);
             debug_assert!(prev >= len as u64, "live bytes of segment {seg} underflow");
+            let prev = self.live_count[seg].fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(prev >= 1, "live blocks of segment {seg} underflow");
         }
     }
 
@@ -482,7 +494,6 @@ impl Inner {
             };
             let raw = |i: usize| &data[(first + i) * BLOCK..(first + i + 1) * BLOCK];
             group.clear();
-            let mut stored_bytes = 0u64;
             for i in 0..n {
                 self.check_live_limit(vol, lba + (first + i) as u64)?;
                 let mut scratch = Vec::new();
@@ -505,7 +516,6 @@ impl Inner {
                     }
                 };
                 let stored = bytes.as_deref().unwrap_or(raw(i));
-                stored_bytes += stored.len() as u64;
                 let crc = crate::crc::checksum(stored);
                 group.push((bytes, flags, crc));
             }
@@ -534,9 +544,8 @@ impl Inner {
                 }
                 Ok(Some(()))
             })?;
-            vol.logical_written.add((n * BLOCK) as u64);
-            vol.stored_written.add(stored_bytes);
             Stats::add(&self.stats.host_write_bytes, n as u64 * host_per_block);
+            self.gc_wake();
             first += n;
         }
         Ok(())
@@ -569,7 +578,8 @@ impl Inner {
             offset: pos,
             len,
         };
-        self.release(v.map.swap(lba, new.encode()));
+        v.hold(len);
+        self.release_from(v, v.map.swap(lba, new.encode()));
         Some(())
     }
 
@@ -594,7 +604,9 @@ impl Inner {
             }) {
                 return Ok(None);
             }
-            vol.map.clear_range(lba, count, |old| self.release(old));
+            vol.map
+                .clear_range(lba, count, |old| self.release_from(vol, old));
+            self.gc_wake();
             Ok(Some(()))
         })
     }
@@ -668,7 +680,9 @@ impl Inner {
             t.by_name.remove(name);
             let v = t.by_id.remove(&id).expect("volume tables agree");
             v.deleted.store(true, Ordering::SeqCst);
-            v.map.clear_range(0, u64::MAX / 2, |old| self.release(old));
+            v.map
+                .clear_range(0, u64::MAX / 2, |old| self.release_from(&v, old));
+            self.gc_wake();
             Ok(Some(()))
         })
     }
@@ -687,7 +701,9 @@ impl Inner {
             }) {
                 return Ok(None);
             }
-            t.by_id[&id].resize(size, |old| self.release(old));
+            let v = &t.by_id[&id];
+            v.resize(size, |old| self.release_from(v, old));
+            self.gc_wake();
             Ok(Some(()))
         })
     }

@@ -450,6 +450,7 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("gc_segments_cleaned", "Segments the cleaner emptied."),
     ("gc_segments_unread", "Of those, segments with nothing live the latest checkpoint covered: not read."),
     ("gc_runs", "Cleaner passes."),
+    ("gc_idle_rounds", "Background cleaning rounds that gained no free segment; background cleaning then stays idle until a host write, trim, volume delete or shrink, or a change of the members in service."),
     ("segments_freed_by_log", "Emptied segments freed by a log record (no checkpoint needed)."),
     ("segments_freed_by_relog", "Of those, segments written since the latest checkpoint (their trims and volume changes logged again)."),
     ("segments_freed_at_checkpoint", "Emptied segments freed by a checkpoint (they held stripes a recovery would replay)."),
@@ -528,7 +529,7 @@ fn pool_families(
     // Space.
     f.gauge(
         "flashpool_capacity_bytes",
-        "Bytes of data the pool holds when every segment is used at full stripe width.",
+        "Bytes of data the pool holds when every segment is used at the width of the whole pool (every member not retired in service).",
         info.capacity_bytes as f64,
     );
     f.gauge(
@@ -736,6 +737,11 @@ fn pool_families(
                 .cleaner_paused
                 .load(std::sync::atomic::Ordering::Relaxed),
         )),
+    );
+    f.gauge(
+        "flashpool_cleaner_idle",
+        "1 while background cleaning is idle: its last round gained no free segment and nothing changed since.",
+        f64::from(u8::from(pool.gc_idle())),
     );
     f.gauge(
         "flashpool_cleaner_high_water_segments",

@@ -386,7 +386,12 @@ pub struct ChunkHeader {
 /// Bytes a header takes on the drive, in whole blocks.
 pub fn header_len(nchunks: usize, records: Option<&[Record]>) -> usize {
     let rec: usize = records.map_or(0, |r| r.iter().map(Record::encoded_len).sum());
-    round_up_block(FIXED_LEN + nchunks * CHUNK_ENTRY_LEN + rec)
+    header_len_with(nchunks, rec)
+}
+
+/// `header_len` for a header of `nchunks` chunk entries and `record_bytes` bytes of records.
+pub fn header_len_with(nchunks: usize, record_bytes: usize) -> usize {
+    round_up_block(FIXED_LEN + nchunks * CHUNK_ENTRY_LEN + record_bytes)
 }
 
 impl ChunkHeader {
