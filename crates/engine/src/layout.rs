@@ -108,6 +108,10 @@ pub struct SegmentTable {
     /// checkpoints (version 5 on) and the roll-forward; all bits where unknown (segments an
     /// older checkpoint recorded, until they are rewritten).
     pub drives_used: Vec<u64>,
+    /// Times each segment was opened for a fill since the pool opened (in memory only): a
+    /// reader that checks a segment's stripes without the writer lock (scrub) compares it
+    /// before and after, since a segment freed and filled again meanwhile has other chunks.
+    pub opened: Vec<u64>,
     next_seq_hint: u64,
 }
 
@@ -128,6 +132,7 @@ impl SegmentTable {
             gc_reserve: 0,
             closed_seq: vec![0; n],
             drives_used: vec![u64::MAX; n],
+            opened: vec![0; n],
             next_seq_hint: 0,
         }
     }
@@ -209,6 +214,7 @@ impl SegmentTable {
         self.close(stream);
         self.states[s as usize] = SegState::Open;
         self.drives_used[s as usize] = 0;
+        self.opened[s as usize] += 1;
         let c = &mut self.cursors[stream as usize];
         c.segment = Some(s);
         c.fill.iter_mut().for_each(|f| *f = 0);

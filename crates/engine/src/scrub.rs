@@ -36,36 +36,36 @@ const MAX_LISTED: usize = 10_000;
 
 impl Inner {
     /// Checks every chunk of one stripe on the members in service: (bytes read, the indexes
-    /// of the chunks that failed their CRC or read).
-    fn check_stripe(&self, s: &StripeDesc) -> (u64, Vec<usize>) {
+    /// of the chunks that failed their CRC, the indexes of those that could not be read).
+    /// Counts and logs nothing: the caller first makes sure the stripe was still there to be
+    /// checked (`Inner::still_filled`).
+    fn check_stripe(&self, s: &StripeDesc) -> (u64, Vec<usize>, Vec<usize>) {
         let n = if s.w == 0 { 0 } else { s.w + s.m };
-        let (mut bytes, mut bad) = (0, Vec::new());
+        let (mut bytes, mut bad, mut unreadable) = (0, Vec::new(), Vec::new());
         for (i, c) in s.chunks[..n].iter().enumerate() {
             let Some(drive) = self.drives.get(c.drive as usize).and_then(|d| d.usable()) else {
                 continue;
             };
             let mut buf = crate::aligned::AlignedBuf::zeroed(c.len as usize);
-            let good = match drive.read_at(c.data_offset(), &mut buf) {
-                Ok(()) => crate::crc::checksum(&buf) == c.crc,
-                Err(_) => {
-                    Stats::add(&self.stats.read_errors, 1);
-                    false
-                }
-            };
-            bytes += c.len as u64;
-            if !good {
-                bad.push(i);
-                Stats::add(&self.stats.crc_errors, 1);
-                tracing::warn!(
-                    drive = c.drive,
-                    offset = c.data_offset(),
-                    seq = s.seq,
-                    "scrub: chunk fails its CRC or read"
-                );
+            match drive.read_at(c.data_offset(), &mut buf) {
+                Ok(()) if crate::crc::checksum(&buf) == c.crc => {}
+                Ok(()) => bad.push(i),
+                Err(_) => unreadable.push(i),
             }
+            bytes += c.len as u64;
         }
         Stats::add(&self.stats.media_read_bytes, bytes);
-        (bytes, bad)
+        (bytes, bad, unreadable)
+    }
+
+    /// The segment's open count now, if it holds a fill (used or open): a stripe scanned
+    /// while the count was `opened` is still on the drives as scanned only while this says
+    /// the same (the cleaner may have emptied the segment, and the writer filled it again,
+    /// while a scrub read it without the writer lock).
+    fn fill_of(&self, seg: u32) -> Option<u64> {
+        let w = self.writer.lock();
+        matches!(w.segs.states[seg as usize], SegState::Used | SegState::Open)
+            .then(|| w.segs.opened[seg as usize])
     }
 
     /// The live blocks stored in chunks `lost` of a stripe that do not read back (volume
@@ -100,6 +100,9 @@ impl Inner {
         };
         let mut damaged = BTreeSet::new();
         for seg in segments {
+            let Some(opened) = self.fill_of(seg) else {
+                continue; // emptied since the list was made
+            };
             rep.segments_checked += 1;
             let mut bad_here = false;
             let stripes = self.scan_segment(seg, true);
@@ -116,10 +119,31 @@ impl Inner {
                     continue;
                 }
                 rep.stripes_checked += 1;
-                let (bytes, bad) = self.check_stripe(desc);
+                let (bytes, crc_bad, unreadable) = self.check_stripe(desc);
                 rep.bytes_checked += bytes;
-                if bad.is_empty() {
+                if crc_bad.is_empty() && unreadable.is_empty() {
                     continue;
+                }
+                // Chunks that did not check out are damage only if the stripe was still
+                // there: a segment the cleaner emptied and the writer filled again under the
+                // scan has other chunks now (hosts writing while a scrub ran made it report
+                // hundreds of bad chunks on sound drives, and move segments for nothing).
+                if self.fill_of(seg) != Some(opened) {
+                    break;
+                }
+                Stats::add(&self.stats.crc_errors, crc_bad.len() as u64);
+                Stats::add(&self.stats.read_errors, unreadable.len() as u64);
+                let mut bad = crc_bad;
+                bad.extend(unreadable);
+                bad.sort_unstable();
+                for &i in &bad {
+                    let c = &desc.chunks[i];
+                    tracing::warn!(
+                        drive = c.drive,
+                        offset = c.data_offset(),
+                        seq = desc.seq,
+                        "scrub: chunk fails its CRC or read"
+                    );
                 }
                 rep.bad_chunks += bad.len() as u64;
                 bad_here = true;
