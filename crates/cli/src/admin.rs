@@ -896,7 +896,11 @@ pub fn request(dir: &Path, command: &str) -> Result<serde_json::Value> {
     }
     if reply.is_empty() {
         bail!(
-            "the server holding {} closed the admin connection without an answer",
+            "the server holding {} closed the admin connection without an answer to `{}` (did \
+             it stop?): the operation may or may not have been done; `flashpool status --data {}` \
+             shows the pool as it is now",
+            dir.display(),
+            command.split_whitespace().next().unwrap_or(""),
             dir.display()
         );
     }
