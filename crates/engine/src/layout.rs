@@ -353,6 +353,29 @@ mod tests {
         }
     }
 
+    /// The checkpoint before the latest is room for the next checkpoint (it frees it before
+    /// it writes), and nothing else is: not the latest, not one being written, and none while
+    /// the latest is not known.
+    #[test]
+    fn the_checkpoint_before_the_latest_counts_as_room() {
+        let mut t = SegmentTable::new(&geo());
+        t.set_reserve(1, 0);
+        t.states[0] = SegState::Checkpoint;
+        t.states[1] = SegState::Checkpoint;
+        assert_eq!((t.checkpoint_spare(), t.available()), (0, 1), "unknown");
+        t.set_checkpoint_kept(vec![1]);
+        assert_eq!((t.checkpoint_spare(), t.available()), (1, 2));
+        // Segment 2 is the last free one: hosts may take it, the checkpoint then has 0.
+        assert!(t.open_new(Stream::Data, false, 1).is_ok());
+        assert_eq!(t.available(), 1);
+        assert!(matches!(
+            t.open_new(Stream::Gc, true, 2),
+            Err(Error::NoSpace)
+        ));
+        t.keep_checkpoint_segments([0]);
+        assert_eq!(t.checkpoint_spare(), 0, "being written");
+    }
+
     #[test]
     fn parity_rotates_and_segments_roll() {
         let mut t = SegmentTable::new(&geo());
