@@ -65,6 +65,7 @@ impl Inner {
                 *st = SegState::Free;
             }
         }
+        w.segs.set_checkpoint_kept(current.clone());
         // Segments the cleaner emptied are free from this checkpoint on: it no longer refers
         // to them, and nothing older than it will be replayed.
         let states: Vec<u8> = w
@@ -136,6 +137,11 @@ impl Inner {
             }
         }
         let seq_end = w.next_seq - 1;
+        // Kept by the next checkpoint too until the superblocks point here (then in place of
+        // the previous one's, below): never counted as room for it.
+        let new_segments: Vec<u32> = segments.iter().copied().collect();
+        w.segs
+            .keep_checkpoint_segments(new_segments.iter().copied());
         w.segs.close(Stream::Checkpoint);
         self.wait_written(seq_end)?;
         let written = started.elapsed();
@@ -165,6 +171,8 @@ impl Inner {
             return Err(e);
         }
         let durable = started.elapsed();
+        // The previous checkpoint's segments are now the next checkpoint's to free.
+        w.segs.set_checkpoint_kept(new_segments);
         let writers_held = if held_to_end { durable } else { released };
 
         // The log after a version-4 checkpoint is stamped (a pool an older build wrote starts

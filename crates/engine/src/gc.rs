@@ -506,7 +506,7 @@ impl Inner {
                     .iter()
                     .filter(|s| **s == SegState::Reclaimed)
                     .count();
-                (w.segs.free_count(), r)
+                (w.segs.available(), r)
             };
             if free + reclaimed > target || tried >= self.live.len() {
                 break;
@@ -540,7 +540,7 @@ impl Inner {
             // stream runs short.
             let low = {
                 let w = self.writer.lock();
-                w.segs.free_count() <= w.segs.low_water()
+                w.segs.available() <= w.segs.low_water()
             };
             if low {
                 let low_water = self.writer.lock().segs.low_water();
@@ -630,7 +630,7 @@ impl Inner {
         };
         let reclaimed = {
             let w = self.writer.lock();
-            if no_room || w.segs.free_count() <= target {
+            if no_room || w.segs.available() <= target {
                 w.segs
                     .states
                     .iter()

@@ -102,6 +102,11 @@ pub struct SegmentTable {
     reserve: usize,
     /// Extra free segments kept back from host writes for the cleaner.
     gc_reserve: usize,
+    /// The checkpoint segments the next checkpoint keeps (the latest durable checkpoint's,
+    /// and while one is being written, its own too); every other segment in state
+    /// Checkpoint is freed when the next checkpoint starts, so it counts toward the room
+    /// that checkpoint has (`available`). None: not known, every one counts as kept.
+    cp_keep: Option<Vec<u32>>,
     /// Sequence number at which each segment was closed (its age, for cost-benefit GC).
     pub closed_seq: Vec<u64>,
     /// Bit d set when segment s may hold a chunk on drive d: what a rebuild tests. Kept by
@@ -130,6 +135,7 @@ impl SegmentTable {
             cursors: [cursor(), cursor(), cursor()],
             reserve: 0,
             gc_reserve: 0,
+            cp_keep: None,
             closed_seq: vec![0; n],
             drives_used: vec![u64::MAX; n],
             opened: vec![0; n],
@@ -156,6 +162,43 @@ impl SegmentTable {
     /// Free segments below which host writes clean first (foreground GC).
     pub fn low_water(&self) -> usize {
         self.reserve + self.gc_reserve + 1
+    }
+
+    /// Sets the checkpoint segments the next checkpoint keeps (see `cp_keep`).
+    pub fn set_checkpoint_kept(&mut self, segments: Vec<u32>) {
+        self.cp_keep = Some(segments);
+    }
+
+    /// Adds segments to those the next checkpoint keeps (one being written).
+    pub fn keep_checkpoint_segments(&mut self, segments: impl IntoIterator<Item = u32>) {
+        if let Some(k) = self.cp_keep.as_mut() {
+            k.extend(segments);
+        }
+    }
+
+    /// Segments in state Checkpoint that the next checkpoint frees before it writes: the
+    /// checkpoint before the latest (kept until then, so a crash while superblocks are
+    /// rewritten always leaves a whole checkpoint behind).
+    pub fn checkpoint_spare(&self) -> usize {
+        let Some(keep) = &self.cp_keep else {
+            return 0;
+        };
+        self.states
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| **s == SegState::Checkpoint && !keep.contains(&(*i as u32)))
+            .count()
+    }
+
+    /// The room the reserves are measured against: free segments, and those the next
+    /// checkpoint frees before it writes. The checkpoint's reserve is what the next
+    /// checkpoint may take, and the previous one's segments are part of it: counting only
+    /// free segments, a pool filled before its first checkpoint since creation (one
+    /// checkpoint's segments held) lost a segment of the cleaner's reserve to the next one
+    /// (two held from then on), and host writes needed one segment more than the reserves
+    /// after every restart.
+    pub fn available(&self) -> usize {
+        self.free_count() + self.checkpoint_spare()
     }
 
     /// Byte offset on every drive where segment `s` starts.
@@ -197,13 +240,12 @@ impl SegmentTable {
 
     /// Opens a free segment for `stream`, its first stripe to be sequence number `seq`.
     fn open_new(&mut self, stream: Stream, urgent: bool, seq: u64) -> Result<u32> {
-        let free = self.free_count();
         let keep = match stream {
             Stream::Data | Stream::Gc if urgent => self.reserve,
             Stream::Data | Stream::Gc => self.reserve + self.gc_reserve,
             Stream::Checkpoint => 0,
         };
-        if free <= keep {
+        if self.available() <= keep {
             return Err(Error::NoSpace);
         }
         let s = self
@@ -315,6 +357,29 @@ mod tests {
             segment_count: 3,
             drive_size: 8 << 20,
         }
+    }
+
+    /// The checkpoint before the latest is room for the next checkpoint (it frees it before
+    /// it writes), and nothing else is: not the latest, not one being written, and none while
+    /// the latest is not known.
+    #[test]
+    fn the_checkpoint_before_the_latest_counts_as_room() {
+        let mut t = SegmentTable::new(&geo());
+        t.set_reserve(1, 0);
+        t.states[0] = SegState::Checkpoint;
+        t.states[1] = SegState::Checkpoint;
+        assert_eq!((t.checkpoint_spare(), t.available()), (0, 1), "unknown");
+        t.set_checkpoint_kept(vec![1]);
+        assert_eq!((t.checkpoint_spare(), t.available()), (1, 2));
+        // Segment 2 is the last free one: hosts may take it, the checkpoint then has 0.
+        assert!(t.open_new(Stream::Data, false, 1).is_ok());
+        assert_eq!(t.available(), 1);
+        assert!(matches!(
+            t.open_new(Stream::Gc, true, 2),
+            Err(Error::NoSpace)
+        ));
+        t.keep_checkpoint_segments([0]);
+        assert_eq!(t.checkpoint_spare(), 0, "being written");
     }
 
     #[test]

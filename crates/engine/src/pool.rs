@@ -376,6 +376,9 @@ pub(crate) struct Inner {
     pub rebuild_reserve: AtomicBool,
     /// Live bytes the reserve allows (u64::MAX: no limit), as of the last new segment.
     pub live_limit: AtomicU64,
+    /// Bytes of blocks appended to stripes not yet written (a block counts live once its
+    /// stripe is): with `live`, what the check against `live_limit` adds up.
+    pub unpublished: AtomicU64,
     /// Live data is within two segments of `live_limit`: host writes of new blocks check it.
     pub near_limit: AtomicBool,
     /// Segments where a read had to reconstruct a block from a member in service.
@@ -589,6 +592,7 @@ impl Inner {
             states_dirty: AtomicBool::new(false),
             rebuild_reserve: AtomicBool::new(false),
             live_limit: AtomicU64::new(u64::MAX),
+            unpublished: AtomicU64::new(0),
             near_limit: AtomicBool::new(false),
             needs_repair: Mutex::new(BTreeSet::new()),
             last_scrub: Mutex::new(None),
@@ -887,20 +891,26 @@ impl Inner {
             * self.geo.chunk_size as u64
     }
 
-    /// A host write of one new block (not an overwrite) past the live-data limit: ENOSPC,
-    /// so the room to rebuild a lost member is never eaten. Blocks in stripes not written
-    /// yet are not counted live, so the check leaves room for as many as can be buffered:
-    /// live data never passes the limit.
-    pub(crate) fn check_live_limit(&self, vol: &VolumeState, lba: u64) -> Result<()> {
+    /// A host write of block `lba` storing `stored` bytes that would take live data past the
+    /// live-data limit: ENOSPC, so the room to rebuild a lost member is never eaten. Called
+    /// under the writer lock just before the block is appended, so writers cannot pass the
+    /// check together, and counting exactly: live data, the blocks appended but not yet
+    /// written (`unpublished`), and what this block adds (its stored bytes less those of the
+    /// block it replaces: an overwrite that stores no more than before is never refused).
+    /// Live data never passes the limit, and a write is refused only when it would.
+    pub(crate) fn check_live_limit(&self, vol: &VolumeState, lba: u64, stored: u64) -> Result<()> {
         if !self.near_limit.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mapped = !matches!(
-            crate::map::Entry::decode(vol.map.get(lba)),
-            Some(crate::map::Entry::Unmapped) | None
-        );
-        if !mapped
-            && self.live_total() + self.unpublished_bound() + crate::format::BLOCK as u64
+        let replaced = match crate::map::Entry::decode(vol.map.get(lba)) {
+            Some(
+                crate::map::Entry::Media { len, .. } | crate::map::Entry::Buffered { len, .. },
+            ) => len as u64,
+            Some(crate::map::Entry::Unmapped) | None => 0,
+        };
+        let adds = stored.saturating_sub(replaced);
+        if adds > 0
+            && self.live_total() + self.unpublished.load(Ordering::Relaxed) + adds
                 > self.live_limit.load(Ordering::Relaxed)
         {
             return Err(Error::NoSpace);

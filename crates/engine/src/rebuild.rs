@@ -226,7 +226,7 @@ impl Inner {
     /// Whether free segments run low for moves that leave the cleaner's reserve alone.
     fn room_low(&self) -> bool {
         let w = self.writer.lock();
-        w.segs.free_count() <= w.segs.low_water() + 1
+        w.segs.available() <= w.segs.low_water() + 1
     }
 
     /// Moves the live data of segment `seg` into new stripes on the members in service, if

@@ -179,6 +179,7 @@ impl Inner {
         let cp = self.sb.lock().checkpoint.clone();
         let mut w = self.writer.lock();
         if cp.len == 0 {
+            w.segs.set_checkpoint_kept(Vec::new());
             return Ok((true, false));
         }
         let mut stripes: BTreeMap<u64, StripeDesc> = BTreeMap::new();
@@ -251,6 +252,7 @@ impl Inner {
         for &s in &cp.segments {
             w.segs.states[s as usize] = SegState::Checkpoint;
         }
+        w.segs.set_checkpoint_kept(cp.segments.clone());
         let mut t = self.volumes.write();
         t.next_id = img.next_volume_id;
         for v in img.volumes {

@@ -328,6 +328,14 @@ impl Inner {
             let slots = Inner::stripe_space(&s.chunks, s.w, s.m);
             self.written_slots[s.segment as usize].fetch_add(slots, Ordering::Relaxed);
         }
+        let appended: u64 = s
+            .records
+            .iter()
+            .map(|r| match r {
+                Record::Write { len, .. } => *len as u64,
+                _ => 0,
+            })
+            .sum();
         let mut vol: Option<Arc<VolumeState>> = None;
         for rec in &s.records {
             let Record::Write {
@@ -360,6 +368,9 @@ impl Inner {
                 self.live_count[s.segment as usize].fetch_add(1, Ordering::Relaxed);
             }
         }
+        // After the blocks count live: live plus unpublished never dips below what is stored.
+        let before = self.unpublished.fetch_sub(appended, Ordering::Relaxed);
+        debug_assert!(before >= appended, "unpublished bytes underflow");
         self.inflight.write().remove(&(s.seq & SEQ_MASK));
         if let Some(b) = s.buf.data.write().take() {
             self.return_buffer(b);
@@ -402,7 +413,14 @@ impl Inner {
         self.logged_in(Stream::Data, false, step)
     }
 
-    /// `logged` for a record that frees space: it may use the cleaner's reserve.
+    /// `logged` for a record that takes no data room (a trim, a volume's creation, deletion,
+    /// resize or compression setting: a few bytes of a stripe): it may use the cleaner's
+    /// reserve, so a full pool can always be emptied and its volumes managed. Such a record
+    /// goes to the data stream when that needs none of the reserve; otherwise (in a stamped
+    /// log, where records apply in stamp order whatever stream holds them) to the cleaner's
+    /// stream, whose segments only relocations fill. Before, a record opened a data segment
+    /// out of the cleaner's reserve and host writes then filled it: on a full pool a trim
+    /// handed hosts the segments the cleaner needed to make room.
     pub(crate) fn logged_urgent<T>(
         &self,
         step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
@@ -418,21 +436,34 @@ impl Inner {
         mut step: impl FnMut(&mut OpenStripe) -> Result<Option<T>>,
     ) -> Result<T> {
         let mut cleaned = false;
+        let mut stream = stream;
         loop {
             let mut w = self.writer.lock();
             self.check_failed()?;
             if w.slot(stream).is_none() {
-                if stream == Stream::Data && !cleaned && w.segs.free_count() <= w.segs.low_water() {
+                if stream == Stream::Data && !cleaned && w.segs.available() <= w.segs.low_water() {
                     drop(w);
                     cleaned = true;
                     self.gc_foreground()?;
                     continue;
                 }
-                let o = match self.new_stripe(&mut w, stream, StripeKind::Data, urgent) {
+                // The data stream's segments are host data's: a record opens one only where a
+                // host write could (see `logged_urgent`).
+                let records_to_gc = stream == Stream::Data && urgent && self.stamps.on();
+                let o = match self.new_stripe(
+                    &mut w,
+                    stream,
+                    StripeKind::Data,
+                    urgent && !records_to_gc,
+                ) {
                     Err(Error::NoSpace) if stream == Stream::Data && !cleaned => {
                         drop(w);
                         cleaned = true;
                         self.gc_foreground()?;
+                        continue;
+                    }
+                    Err(Error::NoSpace) if records_to_gc => {
+                        stream = Stream::Gc;
                         continue;
                     }
                     r => r?,
@@ -495,7 +526,6 @@ impl Inner {
             let raw = |i: usize| &data[(first + i) * BLOCK..(first + i + 1) * BLOCK];
             group.clear();
             for i in 0..n {
-                self.check_live_limit(vol, lba + (first + i) as u64)?;
                 let mut scratch = Vec::new();
                 let (bytes, flags) = match vol.compressor.compress(raw(i), &mut scratch) {
                     Outcome::Compressed(len) => {
@@ -520,6 +550,8 @@ impl Inner {
                 group.push((bytes, flags, crc));
             }
             let mut next = 0usize;
+            // A block past the live-data limit: the blocks before it stand, the write fails.
+            let mut refused = false;
             self.logged(|open| {
                 if vol.deleted.load(Ordering::Relaxed) {
                     return Err(Error::NotFound(format!(
@@ -534,6 +566,11 @@ impl Inner {
                     let (bytes, flags, crc) = &group[next];
                     let stored = bytes.as_deref().unwrap_or(raw(next));
                     let at = lba + (first + next) as u64;
+                    // Under the writer lock, with what the block really stores: exact.
+                    if self.check_live_limit(vol, at, stored.len() as u64).is_err() {
+                        refused = true;
+                        return Ok(Some(()));
+                    }
                     if self
                         .append_mapped(open, vol, at, stored, *crc, *flags, None)
                         .is_none()
@@ -544,8 +581,11 @@ impl Inner {
                 }
                 Ok(Some(()))
             })?;
-            Stats::add(&self.stats.host_write_bytes, n as u64 * host_per_block);
+            Stats::add(&self.stats.host_write_bytes, next as u64 * host_per_block);
             self.gc_wake();
+            if refused {
+                return Err(Error::NoSpace);
+            }
             first += n;
         }
         Ok(())
@@ -573,6 +613,9 @@ impl Inner {
         let stamp = self.stamps.take();
         let from = if stamp.is_some() { None } else { from };
         let (pos, len) = open.append_block(v.id, lba, stored, crc, flags, from, stamp)?;
+        // Counted live when its stripe is written (`complete`); until then, here.
+        self.unpublished
+            .fetch_add(stored.len() as u64, Ordering::Relaxed);
         let new = Entry::Buffered {
             seq: open.seq,
             offset: pos,
@@ -617,7 +660,7 @@ impl Inner {
         size: u64,
         compression: Compression,
     ) -> Result<VolumeInfo> {
-        self.logged(|open| {
+        self.logged_urgent(|open| {
             let mut t = self.volumes.write();
             if t.by_name.contains_key(name) {
                 return Err(Error::AlreadyExists(format!("volume {name:?}")));
@@ -646,7 +689,7 @@ impl Inner {
         name: &str,
         compression: Compression,
     ) -> Result<()> {
-        self.logged(|open| {
+        self.logged_urgent(|open| {
             let t = self.volumes.read();
             let id = *t
                 .by_name
@@ -688,7 +731,7 @@ impl Inner {
     }
 
     pub(crate) fn log_volume_resize(&self, name: &str, size: u64) -> Result<()> {
-        self.logged(|open| {
+        self.logged_urgent(|open| {
             let t = self.volumes.read();
             let id = *t
                 .by_name
