@@ -325,9 +325,10 @@ pub fn assemble(drives: Vec<DriveRef>, expect: Option<[u8; 16]>) -> Result<Assem
             && f.sb.geometry.drive_count < geo.drive_count;
         let same = f.sb.geometry == geo && f.sb.members == newest.members;
         let fresh = (f.sb.generation + 1 >= newest.generation && (same || stale_add))
-            || legacy_add
-                .as_ref()
-                .is_some_and(|p| p.names_as_left_behind(i, &f.sb));
+            || legacy_add.as_ref().is_some_and(|p| {
+                newest.member_state.get(i) == Some(&MEMBER_ACTIVE)
+                    && p.names_as_left_behind(i, &f.sb)
+            });
         if newest.member_state.get(i) == Some(&MEMBER_RETIRED) {
             set_aside(
                 format!("member {i} was retired (its data was rebuilt elsewhere); left alone"),
