@@ -21,6 +21,13 @@
 //!    open, or an old copy): its data may be out of date, so it is set aside as stale, as md
 //!    sets aside a non-fresh member. The same holds for a member the pool records as failed:
 //!    its slot stays failed (down) until it is rebuilt or replaced.
+//!    Builds before the one-round drive add went from the new drive's superblock (`g + 1`)
+//!    straight to a checkpoint (`g + 2`), so a crash part-way left members at `g`, two
+//!    behind. Such a member is fresh too, but only with proof that nothing but that add
+//!    happened since its superblock: the new drive's own first superblock, present at
+//!    `g + 1`, naming the newest member list, in which the member is active, the same
+//!    checkpoint as the member's superblock (no checkpoint, so no open with the member
+//!    missing, came between), and the member's member list plus the new drive alone.
 //! 5. Two fresh drives for one slot: the newer generation wins, the other is a stale copy; the
 //!    same generation is ambiguous and refused (remove the copy).
 //! 6. A member smaller than the pool's drive size (truncated) is set aside as damaged.
@@ -160,6 +167,53 @@ impl Assembly {
     }
 }
 
+/// The first superblock of the drive an interrupted drive add of an older build (new drive
+/// at `g + 1`, then straight to a checkpoint at `g + 2`) was adding: the proof that members
+/// left at `g` missed nothing but that add.
+struct LegacyAdd {
+    first: Superblock,
+}
+
+impl LegacyAdd {
+    /// True when `sb`, member `i`'s superblock, is one the interrupted add left behind: one
+    /// generation before the new drive's first superblock, the same checkpoint and geometry
+    /// (but for the width and the drive count the add changed), its members those of the new
+    /// superblock without the new drive, and member `i` active in the new superblock.
+    fn names_as_left_behind(&self, i: usize, sb: &Superblock) -> bool {
+        let p = &self.first;
+        let mut before = p.geometry.clone();
+        before.drive_count = sb.geometry.drive_count;
+        before.k = sb.geometry.k;
+        sb.generation + 1 == p.generation
+            && sb.checkpoint == p.checkpoint
+            && sb.geometry == before
+            && sb.geometry.drive_count + 1 == p.geometry.drive_count
+            && sb.members.len() + 1 == p.members.len()
+            && p.members.starts_with(&sb.members)
+            && i < sb.members.len()
+            && p.member_state.get(i) == Some(&MEMBER_ACTIVE)
+    }
+}
+
+/// Finds the proof of an older build's interrupted drive add (see [`LegacyAdd`]): a drive
+/// whose superblock, one generation behind the newest, is the added member's own (the last
+/// slot) and names the newest member list and geometry.
+fn interrupted_legacy_add(ours: &[Found], newest: &Superblock) -> Option<LegacyAdd> {
+    let last = newest.members.len().checked_sub(1)?;
+    ours.iter()
+        .map(|f| &f.sb)
+        .find(|sb| {
+            sb.generation + 1 == newest.generation
+                && sb.drive_index as usize == last
+                && sb.members == newest.members
+                && sb.geometry == newest.geometry
+                && newest.member_state.get(last) == Some(&MEMBER_ACTIVE)
+        })
+        .map(|first| LegacyAdd {
+            first: first.clone(),
+        })
+}
+
 /// A drive with the superblock read from it.
 struct Found {
     sb: Superblock,
@@ -240,6 +294,7 @@ pub fn assemble(drives: Vec<DriveRef>, expect: Option<[u8; 16]>) -> Result<Assem
         return Err(Error::Unavailable(msg));
     };
     let geo = newest.geometry.clone();
+    let legacy_add = interrupted_legacy_add(&ours, &newest);
     let mut slots: Vec<Option<(Superblock, DriveRef)>> = vec![None; geo.drive_count as usize];
     for f in ours {
         let who = f.drive.info().identity;
@@ -269,7 +324,11 @@ pub fn assemble(drives: Vec<DriveRef>, expect: Option<[u8; 16]>) -> Result<Assem
             && newest.members.starts_with(&f.sb.members)
             && f.sb.geometry.drive_count < geo.drive_count;
         let same = f.sb.geometry == geo && f.sb.members == newest.members;
-        let fresh = f.sb.generation + 1 >= newest.generation && (same || stale_add);
+        let fresh = (f.sb.generation + 1 >= newest.generation && (same || stale_add))
+            || legacy_add.as_ref().is_some_and(|p| {
+                newest.member_state.get(i) == Some(&MEMBER_ACTIVE)
+                    && p.names_as_left_behind(i, &f.sb)
+            });
         if newest.member_state.get(i) == Some(&MEMBER_RETIRED) {
             set_aside(
                 format!("member {i} was retired (its data was rebuilt elsewhere); left alone"),

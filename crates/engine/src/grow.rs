@@ -3,9 +3,17 @@
 //! are until the cleaner moves their live data into wide stripes.
 //!
 //! With writers held off, the new drive gets a superblock naming the new geometry (one more
-//! member, the next generation), then joins the drive table, and a checkpoint rewrites every
-//! other drive's superblock. A crash in between leaves drives whose superblock is one generation
-//! behind and names one member fewer, which recovery accepts as stale.
+//! member, the next generation `g + 1`), then joins the drive table, and every other member's
+//! superblock is rewritten at that same generation, with the same content (the same
+//! checkpoint): one superblock round per membership change. A crash part-way leaves members at
+//! `g`, one generation behind and naming one member fewer, which assembly accepts (an
+//! interrupted drive add). Only then does a checkpoint (`g + 2`) record the new segment table;
+//! a crash in it leaves the ordinary one-behind superblocks of any checkpoint.
+//!
+//! Builds before this one went from the new drive's `g + 1` straight to the checkpoint's
+//! `g + 2`, so a crash part-way left members two generations behind; assembly accepts those
+//! too, but only with the new drive's own `g + 1` superblock present as proof (see
+//! `assembly.rs`).
 
 use crate::aligned::AlignedBuf;
 use crate::drive::DriveRef;
@@ -78,10 +86,15 @@ impl Pool {
             .push(DriveSlot::new(Some(new), MEMBER_ACTIVE))?;
         inner.width.store(geo.k, Ordering::SeqCst);
         w.segs.grow(n, geo.k as usize);
+        // Every member learns the new membership at the new drive's generation, before the
+        // checkpoint moves the pool on: no crash point leaves a member more than one
+        // generation behind.
+        debug_assert_eq!(inner.geometry_now(), geo);
+        inner.write_superblocks_gen(generation)?;
         drop(w);
         drop(_one_checkpoint);
         tracing::info!(drives = n, width = geo.k, generation, "drive added");
-        // Every other drive learns the new geometry with the next checkpoint.
+        // The checkpoint records the grown segment table.
         inner.checkpoint()
     }
 

@@ -101,7 +101,7 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
     for &i in &behind {
         tracing::warn!(
             member = i,
-            "member's superblock is one generation behind the pool's (a crash while superblocks \
+            "member's superblock is behind the pool's (a crash while superblocks \
              were written, or an old copy of the drive put back): a scrub checks its chunks"
         );
     }

@@ -116,6 +116,14 @@ impl Candidates {
         }
     }
 
+    /// Adds `p` when it holds a flashpool superblock (a drive a killed `drive add` or
+    /// `drive replace` was making a member: it may hold nothing yet).
+    pub fn add_if_pool(&mut self, p: &Path) {
+        if has_pool_magic(p) {
+            self.add(p, false);
+        }
+    }
+
     /// Adds the block devices the kernel lists (`/proc/partitions`, as md's assembly scans)
     /// that hold a flashpool superblock: where members that are block devices go when their
     /// names move (`/dev/nvme3n1` today, `/dev/nvme1n1` after a reboot).

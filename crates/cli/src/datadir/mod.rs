@@ -13,6 +13,7 @@
 //! that hold nothing recognisable (signature.rs) unless `--force`.
 
 mod candidates;
+mod creating;
 pub mod record;
 mod remove;
 pub mod signature;
@@ -21,6 +22,7 @@ pub use remove::remove_drive;
 
 use anyhow::{anyhow, bail, Context, Result};
 use candidates::{dir_has_files, Candidates};
+use creating::Creating;
 use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
 use flashpool_engine::{Assembly, OpenOptions, Pool, PoolConfig};
 use record::{recorded, resolve, MemberEntry, MemberRecord};
@@ -36,6 +38,20 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Refused(pub String);
+
+/// A test hook: with `FLASHPOOL_CRASH_AT=POINT` in the environment, this process kills
+/// itself (SIGKILL, as `kill -9` would) when it reaches `point`, so end-to-end tests can crash
+/// pool creation and member changes at a chosen moment. Points: `create-drives` (every new
+/// drive made, no superblock written), `create-record` (the pool made, not yet recorded),
+/// `member-record` (`drive add` / `drive replace` done in the pool, the new member not yet in
+/// the member record).
+pub(crate) fn crash_point(point: &str) {
+    if std::env::var_os("FLASHPOOL_CRASH_AT").is_some_and(|v| v == point) {
+        eprintln!("FLASHPOOL_CRASH_AT={point}: killing this process");
+        // SAFETY: signalling this process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
 
 /// Refuses with `msg`.
 pub fn refuse<T>(msg: String) -> Result<T> {
@@ -236,8 +252,21 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
             .with_context(|| format!("creating {}", dir.display()))?;
     }
     let lock = lock(dir)?;
+    if Creating::present(dir) {
+        if !req.create {
+            bail!(
+                "the pool in {} was never completely created (its first `flashpool serve` was \
+                 interrupted; nothing was ever served from it): `flashpool serve --data {}` \
+                 creates it again",
+                dir.display(),
+                dir.display()
+            );
+        }
+        let reuse = restart_creation(dir)?;
+        return create(dir, req, lock, &reuse);
+    }
     if !holds_pool(dir) {
-        return create(dir, req, lock);
+        return create(dir, req, lock, &[]);
     }
     let record = match MemberRecord::load(dir) {
         Ok(r) => r,
@@ -253,6 +282,11 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
         }
     }
     c.add_dir(&dir.join("drives"))?;
+    if let Some(r) = &record {
+        for p in &r.pending {
+            c.add_if_pool(&resolve(dir, p));
+        }
+    }
     for p in &req.drives {
         c.add(p, true);
     }
@@ -290,13 +324,26 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
     let report = report(dir, record.as_ref(), &a, &c);
     if let Err(e) = a.check() {
         let _ = e;
+        let missing = a.down().iter().any(|m| m.state_name() == "missing");
         bail!(
-            "refusing to open the pool in {}: {} of {} members missing or failed, parity covers {}; nothing was written\n{}",
+            "refusing to open the pool in {}: {} of {} members missing or failed, parity covers {}; nothing was written\n{}{}",
             dir.display(),
             a.down().len(),
             a.slots.len(),
             a.parity(),
-            report.join("\n")
+            report.join("\n"),
+            if missing {
+                format!(
+                    "\n  a missing member that is elsewhere (moved, renamed, or added from a path \
+                     this data dir never recorded) is found by searching for it: `flashpool serve \
+                     --data {} --search 'PATH_OR_GLOB'` (for example '/dev/disk/by-id/*' or \
+                     '/srv/drives/*.img'); the search is kept in {}",
+                    dir.display(),
+                    record::RECORD_FILE
+                )
+            } else {
+                String::new()
+            }
         );
     }
     for line in &report {
@@ -435,6 +482,23 @@ fn save_record(
         });
     }
     if old != Some(&r) {
+        r.save(dir)?;
+    }
+    Ok(())
+}
+
+/// Records in the member record that `path` is about to become a member, before its
+/// superblock can name it one: a crash (kill -9, power cut) between that superblock and the
+/// record of the new member then leaves a record that still says where the member is. The
+/// next save (the member recorded, or the open after a crash) drops it. A pool with no record
+/// (in memory) has nothing to lose.
+fn record_pending(dir: &Path, path: &Path) -> Result<()> {
+    let Some(mut r) = MemberRecord::load(dir).ok().flatten() else {
+        return Ok(());
+    };
+    let p = recorded(dir, path);
+    if !r.pending.contains(&p) {
+        r.pending.push(p);
         r.save(dir)?;
     }
     Ok(())
@@ -614,7 +678,49 @@ fn check_shape(k: usize, m: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
+/// Undoes an interrupted creation (the marker is present: see `creating.rs`): removes the
+/// drive files it made under `DIR/drives` and any member record it wrote. Returns the drives
+/// it used outside the data dir (`--drive`), which the new creation may write over when they
+/// hold nothing but a flashpool superblock (the interrupted creation's own).
+fn restart_creation(dir: &Path) -> Result<Vec<PathBuf>> {
+    let marker = Creating::load(dir)?
+        .with_context(|| format!("{} vanished", dir.join(creating::MARKER_FILE).display()))?;
+    let drives_dir = dir.join("drives");
+    let mut outside = Vec::new();
+    for p in marker.paths(dir) {
+        if p.parent() == Some(drives_dir.as_path()) {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", p.display())),
+            }
+        } else {
+            outside.push(p);
+        }
+    }
+    match fs::remove_file(dir.join(record::RECORD_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context("removing the member record"),
+    }
+    if holds_pool(dir) {
+        bail!(
+            "{} was being created when a previous start was interrupted, and {} holds files \
+             that creation did not make: refusing to create the pool over them (move them away \
+             and start again)",
+            dir.display(),
+            drives_dir.display()
+        );
+    }
+    tracing::warn!(
+        data = %dir.display(),
+        "the pool's creation was interrupted before it was complete (nothing was ever served \
+         from it): creating it again"
+    );
+    Ok(outside)
+}
+
+fn create(dir: &Path, req: &OpenRequest, lock: File, reuse: &[PathBuf]) -> Result<DataDir> {
     let shape = &req.shape;
     let paths: Vec<PathBuf> = if req.drives.is_empty() {
         (0..shape.drives).map(|i| drive_path(dir, i)).collect()
@@ -657,16 +763,29 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
             );
         }
     }
+    // From here until the pool is complete and recorded, a crash leaves the marker: the next
+    // start creates the pool again instead of refusing what is left of it forever.
+    Creating::new(dir, &paths).save(dir)?;
     let mut made: Vec<NewDrive> = Vec::new();
     let result = (|| -> Result<Pool> {
         for p in &paths {
-            made.push(prepare_drive(p, drive_size, shape.sparse, req.force)?);
+            // A drive the interrupted creation wrote its superblock to may be written again.
+            let ours = reuse.contains(p) && signature::superblock(p).is_ok_and(|sb| sb.is_some());
+            made.push(prepare_drive(
+                p,
+                drive_size,
+                shape.sparse,
+                req.force || ours,
+            )?);
         }
+        crash_point("create-drives");
         let drives: Vec<DriveRef> = made.iter().map(|d| d.drive.clone()).collect();
         let size = drives.iter().map(|d| d.info().size).min().unwrap_or(0);
         let pool = Pool::create(drives, &pool_config(shape.k, shape.m, size))?;
         pool.create_volume("default", req.default_volume)?;
+        crash_point("create-record");
         save_record(dir, &pool, None, &req.search)?;
+        Creating::remove(dir)?;
         Ok(pool)
     })();
     match result {
@@ -679,6 +798,7 @@ fn create(dir: &Path, req: &OpenRequest, lock: File) -> Result<DataDir> {
         Err(e) => {
             remove_created(&made);
             let _ = fs::remove_file(dir.join(record::RECORD_FILE));
+            let _ = Creating::remove(dir);
             Err(e)
         }
     }
@@ -782,10 +902,13 @@ pub fn add_drive(dir: &Path, pool: &Pool, path: Option<&Path>, force: bool) -> R
     let path = path.map_or_else(|| next_drive_path(dir), Path::to_owned);
     refuse_own_member(pool, &path)?;
     let nd = prepare_named_drive(&path, pool.info().drive_size, force)?;
+    record_pending(dir, &path)?;
     if let Err(e) = pool.add_drive_online(nd.drive.clone()) {
+        record_members(dir, pool)?;
         remove_created(std::slice::from_ref(&nd));
         return Err(e.into());
     }
+    crash_point("member-record");
     record_members(dir, pool)?;
     Ok(path)
 }
@@ -805,6 +928,7 @@ pub fn replace_drive(
     }
     refuse_own_member(pool, path)?;
     let nd = prepare_named_drive(path, pool.info().drive_size, force)?;
+    record_pending(dir, path)?;
     let st = match pool.replace_drive(old, nd.drive.clone()) {
         Ok(st) => st,
         Err(e) => {
@@ -815,6 +939,7 @@ pub fn replace_drive(
             return Err(e.into());
         }
     };
+    crash_point("member-record");
     record_members(dir, pool)?;
     Ok(st)
 }

@@ -42,6 +42,13 @@ pub struct MemberRecord {
     /// Paths or globs searched for members that moved (for example `/dev/disk/by-id/*`).
     #[serde(default)]
     pub search: Vec<String>,
+    /// Drives being made members right now (`drive add`, `drive replace`): recorded before
+    /// the new drive's superblock names it a member, so that a crash before the member itself
+    /// is recorded leaves a record that still says where to look. Searched at open (only when
+    /// the path holds a flashpool superblock); dropped by the next save. Absent when empty,
+    /// so a record without one is byte for byte what builds before it wrote (and read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<String>,
 }
 
 /// The record as stored: the content and its checksum.
@@ -62,6 +69,7 @@ impl MemberRecord {
             pool: uuid::Uuid::from_bytes(*pool).to_string(),
             members: Vec::new(),
             search: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
