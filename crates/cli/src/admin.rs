@@ -1019,9 +1019,10 @@ mod tests {
         assert_eq!(p["members_down"], 1, "{p}");
         assert_eq!(p["members_in_service"], 1, "{p}");
         assert_eq!(p["failures_tolerated"], 0, "{p}");
+        // Three members retired: the two left make 1+1 stripes (RELIABILITY.md finding 87).
         assert_eq!(
             p["summary"],
-            "4+1, one member down: no further failure tolerated; read-only: 1 members in \
+            "1+1, one member down: no further failure tolerated; read-only: 1 members in \
              service, a stripe needs 2"
         );
     }
