@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{flashpool, ok, ok_stdout, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, ok_stdout, random, s, Nbd, Server, TempDir};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -16,19 +16,6 @@ use std::time::{Duration, Instant};
 fn status(data: &Path) -> Value {
     let out = flashpool(&["status", "--data", s(data), "--json"]);
     serde_json::from_str(&ok_stdout("status --json", &out)).unwrap()
-}
-
-/// Incompressible bytes, the same for the same seed.
-fn random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The value of an unlabelled metric in a scrape of `addr`.

@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{flashpool, ok, ok_stdout, refused, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, ok_stdout, random, refused, s, Nbd, Server, TempDir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -52,19 +52,6 @@ fn states(data: &Path) -> Vec<String> {
 
 fn drive_file(data: &Path, i: usize) -> PathBuf {
     data.join("drives").join(format!("drive-{i}.img"))
-}
-
-/// Incompressible bytes, the same for the same seed.
-fn random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// A 4+1 pool of five 64 MiB drive files with a `default` volume of `volume` (created by

@@ -48,6 +48,18 @@ fn data_offsets(seed: u64, n: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Drives over `mems` that ignore discards (as allocated drive files do): a freed segment
+/// keeps its chunks until they are written over.
+fn keeping_discarded(mems: &[Arc<MemDrive>]) -> Vec<flashpool_engine::drive::DriveRef> {
+    mems.iter()
+        .map(|m| {
+            let (d, switch) = FaultDrive::new(m.clone() as flashpool_engine::drive::DriveRef);
+            switch.keep_discarded.store(true, Ordering::SeqCst);
+            d as flashpool_engine::drive::DriveRef
+        })
+        .collect()
+}
+
 fn verify(pool: &Pool, what: &str) {
     let vol = pool.volume("v").unwrap();
     let mut b = vec![0u8; 4096];
@@ -144,16 +156,7 @@ fn a_read_that_reconstructs_queues_a_repair() {
 fn scrub_of_reused_segments_checks_only_their_newest_fill() {
     let seed = test_seed("scrub_of_reused_segments", 0x5c2b);
     let mems = mem_drives(5, false);
-    // Drives that ignore discards (as allocated drive files do): a freed segment keeps its
-    // chunks until they are written over.
-    let drives: Vec<flashpool_engine::drive::DriveRef> = mems
-        .iter()
-        .map(|m| {
-            let (d, switch) = FaultDrive::new(m.clone() as flashpool_engine::drive::DriveRef);
-            switch.keep_discarded.store(true, Ordering::SeqCst);
-            d as flashpool_engine::drive::DriveRef
-        })
-        .collect();
+    let drives = keeping_discarded(&mems);
     let pool = Pool::create(drives, &small_config(4, 1)).unwrap();
     pool.create_volume_with("v", BLOCKS * 4096, flashpool_engine::Compression::Off)
         .unwrap();
@@ -296,14 +299,7 @@ fn a_member_one_generation_behind_is_named_until_a_scrub_checks_it() {
 fn a_scrub_under_overwrites_finds_nothing_on_sound_drives() {
     let seed = test_seed("a_scrub_under_overwrites", 0x5c2c);
     let mems = mem_drives(5, false);
-    let drives: Vec<flashpool_engine::drive::DriveRef> = mems
-        .iter()
-        .map(|m| {
-            let (d, switch) = FaultDrive::new(m.clone() as flashpool_engine::drive::DriveRef);
-            switch.keep_discarded.store(true, Ordering::SeqCst);
-            d as flashpool_engine::drive::DriveRef
-        })
-        .collect();
+    let drives = keeping_discarded(&mems);
     let pool = Arc::new(Pool::create(drives, &small_config(4, 1)).unwrap());
     pool.create_volume_with("v", BLOCKS * 4096, flashpool_engine::Compression::Off)
         .unwrap();

@@ -32,6 +32,19 @@ impl Drop for TempDir {
     }
 }
 
+/// Incompressible bytes, the same for the same seed.
+pub fn random(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
