@@ -613,9 +613,10 @@ impl Inner {
         let stamp = self.stamps.take();
         let from = if stamp.is_some() { None } else { from };
         let (pos, len) = open.append_block(v.id, lba, stored, crc, flags, from, stamp)?;
-        // Counted live when its stripe is written (`complete`); until then, here.
-        self.unpublished
-            .fetch_add(stored.len() as u64, Ordering::Relaxed);
+        // Counted live when its stripe is written (`complete`, by its record's length: a raw
+        // block placed off a block boundary carries its CRC, `len` > `stored.len()`); until
+        // then, here.
+        self.unpublished.fetch_add(len as u64, Ordering::Relaxed);
         let new = Entry::Buffered {
             seq: open.seq,
             offset: pos,
