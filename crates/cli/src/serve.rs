@@ -723,15 +723,19 @@ const UNLINKED_REMINDER: std::time::Duration = std::time::Duration::from_secs(60
 fn report_unlinked(pool: &flashpool_engine::Pool, told: &mut Vec<(usize, std::time::Instant)>) {
     let now_unlinked = pool.unlinked_members();
     told.retain(|(m, _)| now_unlinked.contains(m));
+    let due: Vec<usize> = now_unlinked
+        .into_iter()
+        .filter(|m| {
+            told.iter()
+                .find(|(t, _)| t == m)
+                .is_none_or(|(_, at)| at.elapsed() >= UNLINKED_REMINDER)
+        })
+        .collect();
+    if due.is_empty() {
+        return; // the usual turn: no member list built
+    }
     let drives = pool.drives();
-    for m in now_unlinked {
-        let due = told
-            .iter()
-            .find(|(t, _)| *t == m)
-            .is_none_or(|(_, at)| at.elapsed() >= UNLINKED_REMINDER);
-        if !due {
-            continue;
-        }
+    for m in due {
         told.retain(|(t, _)| *t != m);
         told.push((m, std::time::Instant::now()));
         let path = drives.get(m).map_or("?", |d| d.identity.as_str());

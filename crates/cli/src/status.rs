@@ -59,10 +59,7 @@ pub fn run(a: StatusArgs) -> Result<()> {
         "protection: {}",
         v["protection"]["summary"].as_str().unwrap_or("")
     );
-    let unverified: Vec<String> = v["unverified_members"]
-        .as_array()
-        .map(|a| a.iter().map(|m| m.to_string()).collect())
-        .unwrap_or_default();
+    let unverified = member_list(&v["unverified_members"]);
     if !unverified.is_empty() {
         println!(
             "UNVERIFIED: member(s) {} opened one superblock generation behind (a crash while \
@@ -72,10 +69,7 @@ pub fn run(a: StatusArgs) -> Result<()> {
             unverified.join(", ")
         );
     }
-    let unlinked: Vec<String> = v["unlinked_members"]
-        .as_array()
-        .map(|a| a.iter().map(|m| m.to_string()).collect())
-        .unwrap_or_default();
+    let unlinked = member_list(&v["unlinked_members"]);
     if !unlinked.is_empty() {
         println!(
             "DELETED: the drive file of member(s) {} was deleted while the server holds it open: \
@@ -294,6 +288,13 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// A JSON list of member indexes, as text.
+fn member_list(list: &serde_json::Value) -> Vec<String> {
+    list.as_array()
+        .map(|a| a.iter().map(|m| m.to_string()).collect())
+        .unwrap_or_default()
 }
 
 /// What the drives were written while no host wrote (the cleaner's moves, checkpoints), from

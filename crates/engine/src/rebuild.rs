@@ -156,8 +156,9 @@ impl Inner {
         }
         drop(members);
         self.checkpoint()?; // persists the retired drives in the superblocks
-                            // Nothing reads or writes a retired member again: its file or device is let go (a
-                            // deleted drive file's space is freed now, not at the next restart).
+
+        // Nothing reads or writes a retired member again: its file or device is let go (a
+        // deleted drive file's space is freed now, not at the next restart).
         for (i, slot) in self.drives.iter().enumerate() {
             if let (true, Some(d)) = (lost & (1 << i) != 0, &slot.drive) {
                 d.release();

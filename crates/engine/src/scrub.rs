@@ -38,7 +38,7 @@ impl Inner {
     /// Checks every chunk of one stripe on the members in service: (bytes read, the indexes
     /// of the chunks that failed their CRC, the indexes of those that could not be read).
     /// Counts and logs nothing: the caller first makes sure the stripe was still there to be
-    /// checked (`Inner::still_filled`).
+    /// checked (`Inner::fill_of`).
     fn check_stripe(&self, s: &StripeDesc) -> (u64, Vec<usize>, Vec<usize>) {
         let n = if s.w == 0 { 0 } else { s.w + s.m };
         let (mut bytes, mut bad, mut unreadable) = (0, Vec::new(), Vec::new());

@@ -328,14 +328,8 @@ impl Inner {
             let slots = Inner::stripe_space(&s.chunks, s.w, s.m);
             self.written_slots[s.segment as usize].fetch_add(slots, Ordering::Relaxed);
         }
-        let appended: u64 = s
-            .records
-            .iter()
-            .map(|r| match r {
-                Record::Write { len, .. } => *len as u64,
-                _ => 0,
-            })
-            .sum();
+        // Bytes of the stripe's blocks, taken out of `unpublished` once they count live.
+        let mut appended = 0u64;
         let mut vol: Option<Arc<VolumeState>> = None;
         for rec in &s.records {
             let Record::Write {
@@ -350,6 +344,7 @@ impl Inner {
             else {
                 continue;
             };
+            appended += len as u64;
             if vol.as_ref().is_none_or(|v| v.id != vid) {
                 vol = self.volume_by_id(vid);
             }
