@@ -121,6 +121,47 @@ fn a_new_member_outside_the_data_dir_is_found_after_a_crash() {
     assert!(st[6] == "active" && st[1] != "active", "{st:?}");
     let rec = std::fs::read_to_string(data.join("members.json")).unwrap();
     assert!(rec.contains(s(&spare2)), "{rec}");
+
+    // The replace retried: refused, saying where the first one got to and what finishes it.
+    let out = flashpool(&["drive", "--data", s(&data), "replace", "1", s(&spare2)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the retried replace: {out:?}");
+    assert!(err.contains("is member 6 of this pool already"), "{err}");
+    // The killed replace had rebuilt and retired member 1 before the kill; the start after it
+    // found the new member.
+    assert_eq!(st[1], "retired");
+    assert!(err.contains("the replace is complete"), "{err}");
+}
+
+/// A `drive replace` naming a drive that joined the pool already, its old member still
+/// holding data that was never moved: refused, pointing at `drive rebuild`, which finishes.
+#[test]
+fn a_replace_by_a_drive_that_joined_already_points_to_rebuild() {
+    let t = TempDir::new("crash-admin", "joined");
+    let data = t.0.join("data");
+    ok("create", &flashpool(&create_args(&data)));
+    std::fs::remove_file(data.join("drives").join("drive-1.img")).unwrap();
+    let spare = t.0.join("spare.img");
+    ok(
+        "drive add",
+        &flashpool(&["drive", "--data", s(&data), "add", s(&spare)]),
+    );
+    assert_eq!(states(&data)[1], "missing");
+    let out = flashpool(&["drive", "--data", s(&data), "replace", "1", s(&spare)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the replace: {out:?}");
+    assert!(
+        err.contains("is member 5 of this pool already and member 1 is missing")
+            && err.contains("flashpool drive rebuild"),
+        "{err}"
+    );
+    ok(
+        "drive rebuild",
+        &flashpool(&["drive", "--data", s(&data), "rebuild"]),
+    );
+    let st = states(&data);
+    assert_eq!(st[1], "retired", "{st:?}");
+    assert_eq!(st[5], "active", "{st:?}");
 }
 
 /// Members missing beyond parity: the refusal says how to search for members elsewhere.

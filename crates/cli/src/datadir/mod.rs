@@ -885,6 +885,47 @@ fn refuse_own_member(pool: &Pool, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a `drive replace OLD PATH` whose PATH joined the pool already while OLD is out of
+/// service: an earlier replace got past adding the new drive (killed, or its rebuild cut off)
+/// and retrying it would only be refused as "PATH is a member". Says where that replace got
+/// to and what finishes it, instead.
+fn refuse_replace_begun(pool: &Pool, old: usize, path: &Path) -> Result<()> {
+    let Ok(md) = fs::metadata(path) else {
+        return Ok(()); // a new file: nothing was begun with it
+    };
+    let id = candidates::identity(&md);
+    let drives = pool.drives();
+    let Some(new) = drives.iter().find(|d| {
+        d.index != old
+            && d.state == "active"
+            && d.identity != "-"
+            && fs::metadata(&d.identity).is_ok_and(|m| candidates::identity(&m) == id)
+    }) else {
+        return Ok(());
+    };
+    let Some(was) = drives.iter().find(|d| d.index == old) else {
+        return Ok(());
+    };
+    match was.state {
+        "retired" => refuse(format!(
+            "{} is member {} of this pool already and member {old} is retired: the replace is \
+             complete (`flashpool drive list` shows the members)",
+            path.display(),
+            new.index
+        )),
+        "failed" | "missing" => refuse(format!(
+            "{} is member {} of this pool already and member {old} is {}: nothing is left to \
+             replace it with; run `flashpool drive rebuild` to move member {old}'s data onto \
+             the pool (an interrupted replace ends this way too; a running server rebuilds \
+             after its --rebuild-delay)",
+            path.display(),
+            new.index,
+            was.state
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A member state as a phrase for messages.
 fn member_state_words(state: &str) -> &'static str {
     match state {
@@ -926,6 +967,7 @@ pub fn replace_drive(
     if old >= count {
         bail!("no member {old} (the pool has {count})");
     }
+    refuse_replace_begun(pool, old, path)?;
     refuse_own_member(pool, path)?;
     let nd = prepare_named_drive(path, pool.info().drive_size, force)?;
     record_pending(dir, path)?;
