@@ -219,9 +219,17 @@ impl Pool {
     /// Members opened one superblock generation behind the pool's, not yet checked by a
     /// repairing scrub: a crash while superblocks were written leaves such a member whole, an
     /// old copy of the drive put back does not (it lacks the chunks written since), and only
-    /// reading its chunks tells. A server scrubs at once when there are any.
+    /// reading its chunks tells. A server scrubs at once when there are any. Only members in
+    /// service are named: a failed or retired one serves nothing (its data is rebuilt from
+    /// the others), and one readmitted later is named again until a scrub checks it.
     pub fn unverified_members(&self) -> Vec<usize> {
-        self.inner.unverified.lock().iter().copied().collect()
+        let in_service = |m: usize| {
+            self.inner.drives.get(m).is_some_and(|slot| {
+                slot.usable().is_some() && !slot.retired.load(std::sync::atomic::Ordering::SeqCst)
+            })
+        };
+        let behind = self.inner.unverified.lock();
+        behind.iter().copied().filter(|&m| in_service(m)).collect()
     }
 
     /// The report of the last scrub this process ran.

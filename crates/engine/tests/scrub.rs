@@ -290,6 +290,30 @@ fn a_member_one_generation_behind_is_named_until_a_scrub_checks_it() {
     }
 }
 
+/// A member opened one generation behind and then failed serves nothing, so it is not named
+/// as unverified (status listed it as UNVERIFIED beside its failure); readmitted, it is again.
+#[test]
+fn a_failed_member_behind_is_not_named_unverified() {
+    let (mems, pool) = setup();
+    pool.checkpoint().unwrap();
+    let old_copy = Arc::new(mems[3].crash(|_, _| flashpool_engine::drive::CrashFate::Persisted));
+    let vol = pool.volume("v").unwrap();
+    for lba in 0..300 {
+        vol.write(lba * 4096, &block_for(lba + 2_000_000)).unwrap();
+    }
+    pool.close().unwrap();
+    drop(vol);
+    drop(pool);
+    let mut drives = as_refs(&mems);
+    drives[3] = old_copy;
+    let pool = Pool::open(drives).unwrap();
+    assert_eq!(pool.unverified_members(), vec![3]);
+    pool.fail_drive(3).unwrap();
+    assert!(pool.unverified_members().is_empty());
+    pool.readmit_drive(3).unwrap();
+    assert_eq!(pool.unverified_members(), vec![3]);
+}
+
 /// A scrub while hosts overwrite the volume finds nothing on sound drives: segments the
 /// cleaner empties and the writer fills again while the scrub reads them hold other chunks
 /// than the scrub scanned, and those are not damage. A tester's scrub under fio load reported
