@@ -223,11 +223,8 @@ impl Pool {
     /// service are named: a failed or retired one serves nothing (its data is rebuilt from
     /// the others), and one readmitted later is named again until a scrub checks it.
     pub fn unverified_members(&self) -> Vec<usize> {
-        let in_service = |m: usize| {
-            self.inner.drives.get(m).is_some_and(|slot| {
-                slot.usable().is_some() && !slot.retired.load(std::sync::atomic::Ordering::SeqCst)
-            })
-        };
+        // A retired slot is failed too, so `usable` alone tells a member in service.
+        let in_service = |m: usize| self.inner.drives.get(m).and_then(|s| s.usable()).is_some();
         let behind = self.inner.unverified.lock();
         behind.iter().copied().filter(|&m| in_service(m)).collect()
     }

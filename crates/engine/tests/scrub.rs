@@ -253,6 +253,25 @@ fn a_segment_with_lost_blocks_is_repaired_around_them() {
     assert_eq!(pool.repairs_pending(), 0, "seed {seed}");
 }
 
+/// The pool of `setup()` reopened with member 3 one superblock generation behind: a copy of
+/// it taken right after a checkpoint is put back after 300 blocks more were written (block
+/// `lba` holding `block_for(lba + tag)`, less than a checkpoint interval) and a clean close.
+fn reopened_with_member_3_behind(tag: u64) -> Pool {
+    let (mems, pool) = setup();
+    pool.checkpoint().unwrap();
+    let old_copy = Arc::new(mems[3].crash(|_, _| flashpool_engine::drive::CrashFate::Persisted));
+    let vol = pool.volume("v").unwrap();
+    for lba in 0..300 {
+        vol.write(lba * 4096, &block_for(lba + tag)).unwrap();
+    }
+    pool.close().unwrap();
+    drop(vol);
+    drop(pool);
+    let mut drives = as_refs(&mems);
+    drives[3] = old_copy;
+    Pool::open(drives).unwrap()
+}
+
 /// A copy of a member taken during the last checkpoint interval and put back is one
 /// superblock generation behind, which a crash while superblocks are written also leaves, so
 /// the pool takes it: it lacks the chunks written since, and nothing said so (status: full
@@ -260,20 +279,7 @@ fn a_segment_with_lost_blocks_is_repaired_around_them() {
 /// repairing scrub has checked them, and that scrub restores what they lack.
 #[test]
 fn a_member_one_generation_behind_is_named_until_a_scrub_checks_it() {
-    let (mems, pool) = setup();
-    pool.checkpoint().unwrap();
-    let old_copy = Arc::new(mems[3].crash(|_, _| flashpool_engine::drive::CrashFate::Persisted));
-    let vol = pool.volume("v").unwrap();
-    // Less than a checkpoint interval of new data, then a clean close (one more generation).
-    for lba in 0..300 {
-        vol.write(lba * 4096, &block_for(lba + 1_000_000)).unwrap();
-    }
-    pool.close().unwrap();
-    drop(vol);
-    drop(pool);
-    let mut drives = as_refs(&mems);
-    drives[3] = old_copy;
-    let pool = Pool::open(drives).unwrap();
+    let pool = reopened_with_member_3_behind(1_000_000);
     assert_eq!(pool.unverified_members(), vec![3]);
     let rep = pool.scrub(true, None).unwrap();
     assert!(rep.bad_chunks > 0 && rep.segments_repaired > 0, "{rep:?}");
@@ -294,19 +300,7 @@ fn a_member_one_generation_behind_is_named_until_a_scrub_checks_it() {
 /// as unverified (status listed it as UNVERIFIED beside its failure); readmitted, it is again.
 #[test]
 fn a_failed_member_behind_is_not_named_unverified() {
-    let (mems, pool) = setup();
-    pool.checkpoint().unwrap();
-    let old_copy = Arc::new(mems[3].crash(|_, _| flashpool_engine::drive::CrashFate::Persisted));
-    let vol = pool.volume("v").unwrap();
-    for lba in 0..300 {
-        vol.write(lba * 4096, &block_for(lba + 2_000_000)).unwrap();
-    }
-    pool.close().unwrap();
-    drop(vol);
-    drop(pool);
-    let mut drives = as_refs(&mems);
-    drives[3] = old_copy;
-    let pool = Pool::open(drives).unwrap();
+    let pool = reopened_with_member_3_behind(2_000_000);
     assert_eq!(pool.unverified_members(), vec![3]);
     pool.fail_drive(3).unwrap();
     assert!(pool.unverified_members().is_empty());

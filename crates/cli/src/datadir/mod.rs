@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use candidates::{dir_has_files, Candidates};
 use creating::Creating;
 use flashpool_engine::drive::{DriveRef, FileDrive, MemDrive};
-use flashpool_engine::{Assembly, OpenOptions, Pool, PoolConfig};
+use flashpool_engine::{Assembly, DriveStatus, OpenOptions, Pool, PoolConfig};
 use record::{recorded, resolve, MemberEntry, MemberRecord};
 use std::fs::{self, File};
 use std::os::unix::fs::FileTypeExt;
@@ -844,22 +844,16 @@ fn refuse_own_member(pool: &Pool, path: &Path) -> Result<()> {
     if !md.is_file() && !md.file_type().is_block_device() {
         return Ok(()); // `prepare_drive` says what it is
     }
-    let id = candidates::identity(&md);
     let drives = pool.drives();
-    for d in drives
-        .iter()
-        .filter(|d| d.state != "retired" && d.identity != "-")
-    {
-        if fs::metadata(&d.identity).is_ok_and(|m| candidates::identity(&m) == id) {
-            return refuse(format!(
-                "{} is member {} of this pool ({}, at {}): refusing to overwrite it (--force only \
-                 overrides foreign or filesystem content, never the pool's own members)",
-                path.display(),
-                d.index,
-                member_state_words(d.state),
-                d.identity
-            ));
-        }
+    if let Some(d) = member_holding(&drives, &md) {
+        return refuse(format!(
+            "{} is member {} of this pool ({}, at {}): refusing to overwrite it (--force only \
+             overrides foreign or filesystem content, never the pool's own members)",
+            path.display(),
+            d.index,
+            member_state_words(d.state),
+            d.identity
+        ));
     }
     let sb = signature::superblock(path).with_context(|| format!("reading {}", path.display()))?;
     if let Some(sb) = sb.filter(|sb| sb.pool_uuid == pool.uuid()) {
@@ -885,6 +879,17 @@ fn refuse_own_member(pool: &Pool, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The member not retired whose drive is the file or device `md` describes, compared by
+/// device and inode (by device number for block devices).
+fn member_holding<'a>(drives: &'a [DriveStatus], md: &fs::Metadata) -> Option<&'a DriveStatus> {
+    let id = candidates::identity(md);
+    drives.iter().find(|d| {
+        d.state != "retired"
+            && d.identity != "-"
+            && fs::metadata(&d.identity).is_ok_and(|m| candidates::identity(&m) == id)
+    })
+}
+
 /// Refuses a `drive replace OLD PATH` whose PATH joined the pool already while OLD is out of
 /// service: an earlier replace got past adding the new drive (killed, or its rebuild cut off)
 /// and retrying it would only be refused as "PATH is a member". Says where that replace got
@@ -893,14 +898,9 @@ fn refuse_replace_begun(pool: &Pool, old: usize, path: &Path) -> Result<()> {
     let Ok(md) = fs::metadata(path) else {
         return Ok(()); // a new file: nothing was begun with it
     };
-    let id = candidates::identity(&md);
     let drives = pool.drives();
-    let Some(new) = drives.iter().find(|d| {
-        d.index != old
-            && d.state == "active"
-            && d.identity != "-"
-            && fs::metadata(&d.identity).is_ok_and(|m| candidates::identity(&m) == id)
-    }) else {
+    let Some(new) = member_holding(&drives, &md).filter(|d| d.index != old && d.state == "active")
+    else {
         return Ok(());
     };
     let Some(was) = drives.iter().find(|d| d.index == old) else {
