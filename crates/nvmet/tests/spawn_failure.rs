@@ -3,7 +3,10 @@
 //! process's address space is capped (RLIMIT_AS) just above what it uses, so the kernel
 //! refuses the new thread's stack, then the cap is lifted. Its own test binary, since the cap
 //! is process-wide, and no thread exits before it (glibc would reuse an exited thread's
-//! cached stack instead of mapping one).
+//! cached stack instead of mapping one). The cap comes only once the server has served a
+//! connection: a thread still starting (the accept loop's own, mapping its signal stack and
+//! malloc arena) would otherwise meet it and abort the process, and that connection stays
+//! open through the cap so its thread does not exit.
 
 mod common;
 
@@ -48,6 +51,9 @@ fn set_address_space_limit(r: &libc::rlimit) {
 fn a_failed_thread_spawn_drops_that_connection_and_the_server_accepts_on() {
     let srv = TestServer::start();
     let addr = srv.addr;
+    // The accept loop is up and has started one connection thread, which stays open.
+    let (mut first, _) = Host::admin(addr, NQN, false, false);
+    assert_eq!(first.identify(1, 0).0, Status::SUCCESS);
     let saved = address_space_limit();
     // Room for small allocations in what is mapped already, none for a thread's stack
     // (2 MiB).
@@ -70,4 +76,5 @@ fn a_failed_thread_spawn_drops_that_connection_and_the_server_accepts_on() {
     // The accept loop lives on.
     let (mut a, _) = Host::admin(addr, NQN, false, false);
     assert_eq!(a.identify(1, 0).0, Status::SUCCESS);
+    assert_eq!(first.identify(1, 0).0, Status::SUCCESS);
 }
