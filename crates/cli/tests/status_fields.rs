@@ -1353,3 +1353,41 @@ fn a_full_pool_shrinks_and_creates_volumes() {
     assert_eq!((end, e), (32 * MIB, 0), "writes after the shrink");
     srv.stop();
 }
+
+/// A pool created over more drives than its stripes are wide (six, 4+1): every drive's space
+/// holds stripes (each takes the least-filled drives of its segment), and status counts all
+/// six, 6 x 4/5 of a drive's segments, in the JSON and the text line. It once gave the
+/// five-drive figure (248 MiB of these 64 MiB drives), as if the sixth added nothing.
+#[test]
+fn a_pool_of_more_drives_than_its_stripes_counts_every_drive() {
+    let tmp = TempDir::new("status-fields", "six");
+    let data = tmp.0.join("data");
+    ok(&[
+        "serve",
+        "--data",
+        s(&data),
+        "--stdio",
+        "--drives",
+        "6",
+        "--drive-size",
+        "64M",
+        "--volume-size",
+        "16M",
+        "--sparse",
+    ]);
+    let v = status(&data);
+    let p = &v["pool"];
+    assert_eq!(u(&p["members"]), 6, "{p:#}");
+    assert_eq!(u(&p["k"]), K, "{p:#}");
+    assert_eq!(
+        u(&p["capacity_bytes"]),
+        SEGMENTS * SEG * 6 * K / (K + M),
+        "{p:#}"
+    );
+    assert_eq!(
+        u(&p["capacity_now_bytes"]),
+        u(&p["capacity_bytes"]),
+        "{p:#}"
+    );
+    check_text_pool_line(&status_text(&data), &v);
+}

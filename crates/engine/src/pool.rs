@@ -473,14 +473,17 @@ pub struct PoolInfo {
     pub drive_size: u64,
     pub free_segments: usize,
     /// Bytes of data the pool can hold when every segment is used at the width of the whole
-    /// pool (`k`: retired members left out).
+    /// pool (`k`: retired members left out), on every member: a stripe takes the
+    /// least-filled drives of its segment, so members beyond `k + m` add room too. Chunk
+    /// headers are not taken off.
     pub capacity_bytes: u64,
     /// Members not retired (in service, failed or missing).
     pub member_drives: usize,
     /// Data chunks of a stripe written now: the full width, or narrower while too few members
     /// are in service for it (0 when the pool cannot write).
     pub width_now: usize,
-    /// Bytes of data the pool holds when every segment is used at today's width.
+    /// Bytes of data the pool holds when every segment is used at today's width, on the
+    /// members in service.
     pub capacity_now_bytes: u64,
     /// With the rebuild reserve on: the live bytes hosts may fill before ENOSPC, so a lost
     /// member can always be rebuilt. None when there is no such limit.
@@ -923,6 +926,18 @@ impl Inner {
     }
 }
 
+/// Data bytes every segment holds with `members` members in service and stripes `w` data
+/// chunks wide: each member gives a segment's bytes, `w` of every `w + m` chunks data. More
+/// members than a stripe is wide add room (stripes take the least-filled drives of a segment),
+/// so this is not `w` drives' worth; chunk headers are not taken off (`segment_data` does).
+fn raw_capacity(g: &Geometry, members: usize, w: usize) -> u64 {
+    if w == 0 {
+        return 0;
+    }
+    let per_drive = g.segment_count as u64 * g.segment_size;
+    (per_drive as u128 * members as u128 * w as u128 / (w + g.m as usize) as u128) as u64
+}
+
 /// Free segments kept so a full checkpoint of a full pool always fits.
 fn checkpoint_reserve(geo: &Geometry, shape: &StripeShape) -> usize {
     let capacity = geo.segment_count as u64 * geo.segment_size * geo.k as u64;
@@ -1252,7 +1267,7 @@ impl Pool {
         PoolInfo {
             member_drives: members,
             width_now,
-            capacity_now_bytes: g.segment_count as u64 * g.segment_size * width_now as u64,
+            capacity_now_bytes: raw_capacity(g, healthy, width_now),
             live_limit_bytes: i.rebuild_limit(held_back),
             uuid: uuid::Uuid::from_bytes(i.uuid).to_string(),
             k: width_whole,
@@ -1264,7 +1279,7 @@ impl Pool {
             segment_count: g.segment_count,
             drive_size: g.drive_size,
             free_segments: free,
-            capacity_bytes: g.segment_count as u64 * g.segment_size * width_whole as u64,
+            capacity_bytes: raw_capacity(g, members, width_whole),
             live_bytes: i.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
             members_down: down,
             members_short: short,

@@ -139,3 +139,40 @@ fn segments_of_small_flushed_stripes_are_repacked_when_room_runs_low() {
     );
     verify(&pool, blocks);
 }
+
+/// A pool of more drives than a stripe is wide (7 drives, 4+1) holds what all seven give:
+/// stripes take the least-filled drives of a segment, so every drive's space is used, and
+/// `capacity_bytes` says so (7 x 4/5 of a drive's segments, not the 5-drive figure it once
+/// gave, which left a third of such a pool out of every space figure). The fill proves the
+/// figure is real: a volume of three quarters of what it leaves after the reserves, more than
+/// the same reckoning gives five drives, takes all it asked for
+/// and reads back (the rebuild reserve off: what one lost drive would need is not the point).
+#[test]
+fn a_pool_wider_than_its_stripes_counts_and_takes_every_drive() {
+    let cfg = small_config(4, 1);
+    let mems: Vec<Arc<MemDrive>> = (0..7)
+        .map(|i| Arc::new(MemDrive::new(64 << 20, format!("mem:{i}"))))
+        .collect();
+    let pool = Pool::create(as_refs(&mems), &cfg).unwrap();
+    pool.set_rebuild_reserve(false);
+    let info = pool.info();
+    let per_drive = info.segment_count as u64 * info.segment_size;
+    assert_eq!(info.capacity_bytes, per_drive * 7 * 4 / 5, "{info:?}");
+    assert_eq!(info.capacity_now_bytes, info.capacity_bytes, "{info:?}");
+    let blocks = usable_bytes(&pool) * 3 / 4 / BLOCK;
+    assert!(
+        blocks * BLOCK > (info.segment_count as u64 - 6) * info.segment_size * 4,
+        "the fill is more than five drives at 4+1 hold"
+    );
+    pool.create_volume_with("v", blocks * BLOCK, Compression::Off)
+        .unwrap();
+    let refused = fill(&pool, 0, blocks, false);
+    assert_eq!(
+        refused,
+        None,
+        "ENOSPC at {} MiB of {} MiB",
+        (refused.unwrap_or(0) * BLOCK) >> 20,
+        (blocks * BLOCK) >> 20
+    );
+    verify(&pool, blocks);
+}
