@@ -21,8 +21,10 @@ pub enum DriveCmd {
     /// List the pool's members, their state and UUID.
     List,
     /// Mark a member failed (as an I/O error would): the pool runs degraded, and a server
-    /// rebuilds its data after `--rebuild-delay` unless the member is re-admitted first.
-    /// Refused when it would leave more members down than parity covers.
+    /// rebuilds its data after `--rebuild-delay` unless the member is re-admitted first (while
+    /// that server runs: once the pool is closed a failed member is set aside). With no
+    /// server, nothing is rebuilt yet: `drive rebuild` does it, or `drive replace N PATH`
+    /// onto a new drive. Refused when it would leave more members down than parity covers.
     Fail {
         index: usize,
         /// Fail it even if the data becomes unavailable.
@@ -117,7 +119,12 @@ pub fn run(a: DriveArgs) -> Result<()> {
             } else {
                 pool.fail_drive(*index)?;
             }
-            rebuild(pool)?;
+            // No rebuild here: as on a server, the member stays failed until a rebuild or a
+            // replace, so `drive fail N` then `drive replace N PATH` keeps the pool's width
+            // (a rebuild onto the others would narrow it first).
+            println!(
+                "drive {index} taken out of service; its data is rebuilt onto the others by `flashpool drive rebuild` or a server after its --rebuild-delay, or onto a new drive by `flashpool drive replace {index} PATH`"
+            );
         }
         DriveCmd::Remove { index } => {
             check_index(pool, *index)?;

@@ -528,3 +528,65 @@ fn drive_flag_creates_over_given_files_and_refuses_to_overwrite() {
         "a bad --listen created a data dir"
     );
 }
+
+/// `drive fail N` on a data dir with no server marks member N failed and rebuilds nothing,
+/// as on a server: the pool stays 4+1 when whole (it once rebuilt onto the other four at
+/// once, retiring N and narrowing the pool to 3+1, though the help said a rebuild comes
+/// later). `drive replace N PATH` then puts a new drive in its place at full width, every
+/// byte there; and `drive rebuild` after another `drive fail` is what retires a member.
+#[test]
+fn offline_drive_fail_rebuilds_nothing_until_asked() {
+    let t = TempDir::new("members", "offline-fail");
+    let data = t.0.join("d");
+    make_pool(&data, 23, &[]);
+    let out = ok(
+        "fail",
+        &flashpool(&["drive", "fail", "2", "--data", s(&data)]),
+    );
+    assert!(
+        out.contains("drive 2 taken out of service") && out.contains("drive replace 2 PATH"),
+        "{out}"
+    );
+    let st = status_json(&data);
+    assert_eq!(st["drives"][2]["state"], "failed", "{st}");
+    assert_eq!(st["pool"]["k"], 4, "{st}");
+    assert_eq!(st["pool"]["width_now"], 3, "{st}");
+    assert_eq!(st["rebuild"]["needed"], true, "{st}");
+    assert_eq!(st["protection"]["members_down"], 1, "{st}");
+    let new = t.0.join("new-2.img");
+    let out = ok(
+        "replace",
+        &flashpool(&["drive", "replace", "2", s(&new), "--data", s(&data)]),
+    );
+    assert!(out.contains("member 2 replaced"), "{out}");
+    let st = status_json(&data);
+    assert_eq!(st["drives"][2]["state"], "retired", "{st}");
+    assert_eq!(st["drives"][5]["state"], "active", "{st}");
+    assert_eq!(st["pool"]["k"], 4, "{st}");
+    assert_eq!(st["pool"]["width_now"], 4, "{st}");
+    assert_eq!(st["protection"]["members_down"], 0, "{st}");
+    let mut paths: Vec<PathBuf> = drive_files(&data)
+        .into_iter()
+        .filter(|p| !p.ends_with("drive-2.img"))
+        .collect();
+    paths.push(new.clone());
+    data_intact("failed offline, then replaced", &paths, 23);
+    // Failed again offline, then rebuilt on request: retired, the pool 3+1 on four members.
+    ok(
+        "fail 4",
+        &flashpool(&["drive", "fail", "4", "--data", s(&data)]),
+    );
+    assert_eq!(status_json(&data)["drives"][4]["state"], "failed");
+    ok(
+        "rebuild",
+        &flashpool(&["drive", "rebuild", "--data", s(&data)]),
+    );
+    let st = status_json(&data);
+    assert_eq!(st["drives"][4]["state"], "retired", "{st}");
+    assert_eq!(st["pool"]["k"], 3, "{st}");
+    let paths: Vec<PathBuf> = paths
+        .into_iter()
+        .filter(|p| !p.ends_with("drive-4.img"))
+        .collect();
+    data_intact("failed offline, then rebuilt", &paths, 23);
+}
