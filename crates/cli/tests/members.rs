@@ -418,23 +418,41 @@ fn unreadable_superblocks_make_a_missing_member_named_by_its_path() {
     data_intact("member 3 unreadable", &paths, 15);
 }
 
+/// `drive replace 2 NEW`, NEW a new file `new-2.img` beside the data dir: checks it said so,
+/// member 2 retired, NEW member 5 and active, no member down; returns NEW and the status.
+fn replace_member_2(t: &TempDir, data: &Path) -> (PathBuf, serde_json::Value) {
+    let new = t.0.join("new-2.img");
+    let out = ok(
+        "replace",
+        &flashpool(&["drive", "replace", "2", s(&new), "--data", s(data)]),
+    );
+    assert!(out.contains("member 2 replaced"), "{out}");
+    let st = status_json(data);
+    assert_eq!(st["drives"][2]["state"], "retired", "{st}");
+    assert_eq!(st["drives"][5]["state"], "active", "{st}");
+    assert_eq!(st["protection"]["members_down"], 0, "{st}");
+    (new, st)
+}
+
+/// The members' files after `replace_member_2`: those left in the drives dir, less the
+/// replaced `drive-2.img` (which a test may have put back), and NEW.
+fn files_after_replacing_2(data: &Path, new: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = drive_files(data)
+        .into_iter()
+        .filter(|p| !p.ends_with("drive-2.img"))
+        .collect();
+    paths.push(new.to_path_buf());
+    paths
+}
+
 #[test]
 fn replace_rebuilds_and_the_pool_survives_another_loss() {
     let t = TempDir::new("members", "replace");
     let data = t.0.join("d");
     make_pool(&data, 17, &[]);
     std::fs::rename(drive(&data, 2), t.0.join("old-2.img")).unwrap();
-    let new = t.0.join("new-2.img");
-    let out = ok(
-        "replace",
-        &flashpool(&["drive", "replace", "2", s(&new), "--data", s(&data)]),
-    );
-    assert!(out.contains("member 2 replaced"), "{out}");
-    let st = status_json(&data);
-    assert_eq!(st["drives"][2]["state"], "retired", "{st}");
-    assert_eq!(st["drives"][5]["state"], "active", "{st}");
+    let (new, st) = replace_member_2(&t, &data);
     assert_eq!(st["drives"][5]["identity"].as_str().unwrap(), s(&new));
-    assert_eq!(st["protection"]["members_down"], 0, "{st}");
     assert_eq!(st["protection"]["failures_tolerated"], 1, "{st}");
     // The replaced member comes back: recognised as retired and left alone.
     std::fs::rename(t.0.join("old-2.img"), drive(&data, 2)).unwrap();
@@ -450,12 +468,11 @@ fn replace_rebuilds_and_the_pool_survives_another_loss() {
     // Another member lost: the pool opens and every byte is there.
     std::fs::remove_file(drive(&data, 4)).unwrap();
     ok("serve after a second loss", &serve_once(&data, &[]));
-    let mut paths: Vec<PathBuf> = drive_files(&data)
-        .into_iter()
-        .filter(|p| !p.ends_with("drive-2.img"))
-        .collect();
-    paths.push(new);
-    data_intact("replaced, then another loss", &paths, 17);
+    data_intact(
+        "replaced, then another loss",
+        &files_after_replacing_2(&data, &new),
+        17,
+    );
 }
 
 #[test]
@@ -553,23 +570,10 @@ fn offline_drive_fail_rebuilds_nothing_until_asked() {
     assert_eq!(st["pool"]["width_now"], 3, "{st}");
     assert_eq!(st["rebuild"]["needed"], true, "{st}");
     assert_eq!(st["protection"]["members_down"], 1, "{st}");
-    let new = t.0.join("new-2.img");
-    let out = ok(
-        "replace",
-        &flashpool(&["drive", "replace", "2", s(&new), "--data", s(&data)]),
-    );
-    assert!(out.contains("member 2 replaced"), "{out}");
-    let st = status_json(&data);
-    assert_eq!(st["drives"][2]["state"], "retired", "{st}");
-    assert_eq!(st["drives"][5]["state"], "active", "{st}");
+    let (new, st) = replace_member_2(&t, &data);
     assert_eq!(st["pool"]["k"], 4, "{st}");
     assert_eq!(st["pool"]["width_now"], 4, "{st}");
-    assert_eq!(st["protection"]["members_down"], 0, "{st}");
-    let mut paths: Vec<PathBuf> = drive_files(&data)
-        .into_iter()
-        .filter(|p| !p.ends_with("drive-2.img"))
-        .collect();
-    paths.push(new.clone());
+    let paths = files_after_replacing_2(&data, &new);
     data_intact("failed offline, then replaced", &paths, 23);
     // Failed again offline, then rebuilt on request: retired, the pool 3+1 on four members.
     ok(
