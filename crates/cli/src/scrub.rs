@@ -25,6 +25,7 @@ pub struct ScrubArgs {
 pub fn report_json(r: &flashpool_engine::ScrubReport) -> serde_json::Value {
     serde_json::json!({
         "segments_checked": r.segments_checked, "stripes_checked": r.stripes_checked,
+        "stripes_dead": r.stripes_dead,
         "bytes_checked": r.bytes_checked, "bad_chunks": r.bad_chunks,
         "segments_repaired": r.segments_repaired, "elapsed_secs": r.elapsed_secs,
         "unrecoverable": r.unrecoverable.iter()

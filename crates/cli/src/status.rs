@@ -261,6 +261,12 @@ pub fn run(a: StatusArgs) -> Result<()> {
         v["repairs_pending"].as_u64().unwrap_or(0),
         n("unrecoverable_blocks")
     );
+    if n("torn_chunks") > 0 {
+        println!(
+            "crash: the open found {} chunks cut short by a crash (stripes on their way to the drives, no media damage): rewritten whole, or skipped as never flushed",
+            n("torn_chunks")
+        );
+    }
     let sc = &v["scrub"];
     if !sc.is_null() {
         println!(

@@ -221,6 +221,16 @@ impl Inner {
         desc: &crate::scan::StripeDesc,
         urgent: bool,
     ) -> Result<()> {
+        self.relocate_stripe_counting(desc, urgent, &self.stats.crc_errors)
+    }
+
+    /// `relocate_stripe`, counting the chunks that fail their CRC in `mismatches`.
+    pub(crate) fn relocate_stripe_counting(
+        &self,
+        desc: &crate::scan::StripeDesc,
+        urgent: bool,
+        mismatches: &crate::stats::Counter,
+    ) -> Result<()> {
         if desc.kind != StripeKind::Data || desc.w == 0 {
             return Ok(());
         }
@@ -229,7 +239,7 @@ impl Inner {
         if live.is_empty() {
             return Ok(());
         }
-        let shards = self.read_stripe(desc, None)?;
+        let (shards, _) = self.read_stripe_lost(desc, None, mismatches)?;
         for b in live {
             let bytes = &shards[b.chunk][b.offset..b.offset + b.len];
             self.move_block(

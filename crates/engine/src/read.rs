@@ -19,6 +19,7 @@ use crate::format::BLOCK;
 use crate::map::Entry;
 use crate::pool::{Inner, VolumeState};
 use crate::scan::StripeDesc;
+use crate::stats::Counter;
 use crate::stats::Stats;
 use std::collections::HashSet;
 
@@ -448,14 +449,18 @@ impl Inner {
     /// errors, CRC mismatches and the drive `avoid` as erasures, and rebuilds the data chunks.
     /// Returns all w + m shards.
     pub(crate) fn read_stripe(&self, s: &StripeDesc, avoid: Option<usize>) -> Result<Vec<Vec<u8>>> {
-        self.read_stripe_lost(s, avoid).map(|(shards, _)| shards)
+        self.read_stripe_lost(s, avoid, &self.stats.crc_errors)
+            .map(|(shards, _)| shards)
     }
 
-    /// `read_stripe`, also saying how many chunks had to be rebuilt or were unreadable parity.
+    /// `read_stripe`, counting the chunks that fail their CRC in `mismatches` (`crc_errors`,
+    /// but an open counts the chunks a crash cut short as `torn_chunks`), and also saying how
+    /// many chunks had to be rebuilt or were unreadable parity.
     pub(crate) fn read_stripe_lost(
         &self,
         s: &StripeDesc,
         avoid: Option<usize>,
+        mismatches: &Counter,
     ) -> Result<(Vec<Vec<u8>>, usize)> {
         let l = s.parity_len;
         let n = if s.w == 0 { 0 } else { s.w + s.m };
@@ -497,7 +502,7 @@ impl Inner {
                     Stats::add(&self.stats.media_read_bytes, c.len as u64);
                     let good = crate::crc::checksum(&shards[i][..c.len as usize]) == c.crc;
                     if !good {
-                        Stats::add(&self.stats.crc_errors, 1);
+                        Stats::add(mismatches, 1);
                     }
                     good
                 }

@@ -145,8 +145,10 @@ pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner
         // The roll-forward holds the writer lock no more: repairs append like the cleaner,
         // but leave its reserve alone (they are deferrable and may take more room than they
         // free).
+        // Their chunks that fail their CRC were counted as torn when the log was read.
+        let counted = crate::stats::Counter::default();
         for d in &repair {
-            match inner.relocate_stripe(d, false) {
+            match inner.relocate_stripe_counting(d, false, &counted) {
                 Ok(()) => {}
                 // Deferred: the stripe is readable, and a later rebuild or cleaning moves it.
                 Err(Error::NoSpace) => {
@@ -517,7 +519,7 @@ impl Inner {
     /// chunks read and CRC-checked (with reconstruction); else why not. `Ok(true)`: readable
     /// only by reconstruction (a crash tore some of its chunks, or a drive is missing), to be
     /// rewritten once the log is replayed, so it does not run with less redundancy than the
-    /// pool promises.
+    /// pool promises. Chunks failing their CRC count as `torn_chunks`, not `crc_errors`.
     fn replayable(&self, d: &StripeDesc) -> std::result::Result<bool, String> {
         if d.records.is_none() {
             return Err("no readable copy of the stripe's records".into());
@@ -525,7 +527,9 @@ impl Inner {
         if d.w == 0 {
             return Ok(false);
         }
-        match self.read_stripe_lost(d, None) {
+        // A stripe of the log after the checkpoint may have been on its way at a crash: the
+        // chunks of it that fail their CRC are what the crash cut short, not media damage.
+        match self.read_stripe_lost(d, None, &self.stats.torn_chunks) {
             Err(e) => Err(format!("stripe incomplete: {e}")),
             Ok((_, lost)) => Ok(lost > 0),
         }

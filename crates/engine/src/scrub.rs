@@ -1,5 +1,5 @@
-//! Scrub and repair: read every stripe of every segment holding data (used or open), check every chunk's CRC32C on
-//! every member in service, and repair what parity can: the damaged segment's live data is
+//! Scrub and repair: read every stripe holding live data or log records of every segment
+//! holding data (used or open), check every chunk's CRC32C on every member in service, and repair what parity can: the damaged segment's live data is
 //! moved into new stripes (read through reconstruction), which rewrites every block of it
 //! intact and frees the rotten space. Stripes that parity cannot recover are reported with
 //! the volume and offset of every live block they hold, and left in place (their other blocks
@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 pub struct ScrubReport {
     pub segments_checked: u64,
     pub stripes_checked: u64,
+    /// Stripes passed over, holding nothing live and covered by the checkpoint (superseded
+    /// data waiting for the cleaner, stripes a crash cut short that the open rewrote).
+    pub stripes_dead: u64,
     /// Bytes of chunks read and checked.
     pub bytes_checked: u64,
     /// Chunks on members in service that failed their CRC or could not be read.
@@ -66,6 +69,17 @@ impl Inner {
         let w = self.writer.lock();
         matches!(w.segs.states[seg as usize], SegState::Used | SegState::Open)
             .then(|| w.segs.opened[seg as usize])
+    }
+
+    /// Whether stripe `s` holds nothing a scrub protects: no block the maps point at, and no
+    /// record a recovery would replay (the latest checkpoint covers it). Such a stripe waits
+    /// for the cleaner, which reads none of it: damage there loses nothing, and a stripe a
+    /// crash cut short, which the open rewrote elsewhere, is one of them (its missing chunk
+    /// is no rot). A stripe whose records were not read is checked: what it holds is unknown.
+    fn holds_nothing(&self, s: &StripeDesc) -> bool {
+        s.records.is_some()
+            && s.seq <= self.sb.lock().checkpoint.seq_end
+            && self.live_blocks(s).is_empty()
     }
 
     /// The live blocks stored in chunks `lost` of a stripe that do not read back (volume
@@ -116,6 +130,10 @@ impl Inner {
                 // Stripes still on their way to the drives (in an open segment) are not
                 // checked yet: their chunks may not all be written.
                 if desc.kind != StripeKind::Data || self.done.lock().inflight.contains(&desc.seq) {
+                    continue;
+                }
+                if self.holds_nothing(desc) {
+                    rep.stripes_dead += 1;
                     continue;
                 }
                 rep.stripes_checked += 1;

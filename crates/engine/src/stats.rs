@@ -119,6 +119,11 @@ counters! {
     degraded_reads,
     /// Chunks or blocks whose CRC32C did not match, treated as erasures.
     crc_errors,
+    /// Chunks of stripes written since the last checkpoint that an open found missing or cut
+    /// short (their CRC fails): a crash or power cut took them while they were on their way.
+    /// Not counted in `crc_errors`; their stripes were rewritten whole, or skipped as never
+    /// flushed when too few chunks made it.
+    torn_chunks,
     /// Drive read errors treated as erasures.
     read_errors,
     /// Drive write errors.

@@ -441,6 +441,7 @@ const ENGINE_COUNTERS: &[(&str, &str)] = &[
     ("checkpoints", "Checkpoints completed."),
     ("degraded_reads", "Host reads served by reconstruction from the rest of a stripe."),
     ("crc_errors", "Chunks or blocks whose CRC32C did not match (treated as erasures)."),
+    ("torn_chunks", "Chunks of stripes in the log after the checkpoint that an open found cut short by a crash (not counted as CRC errors; their stripes were rewritten whole, or skipped as never flushed)."),
     ("read_errors", "Drive read errors (treated as erasures)."),
     ("write_errors", "Drive write errors."),
     ("reconstructed_chunks", "Chunks, or the spans of them a read needed, rebuilt by erasure decoding."),
