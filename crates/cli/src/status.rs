@@ -171,10 +171,22 @@ pub fn run(a: StatusArgs) -> Result<()> {
             vol["compression_ratio"].as_f64().unwrap_or(1.0)
         );
     }
+    let not_members: Vec<&serde_json::Value> =
+        v["not_members"].as_array().into_iter().flatten().collect();
+    // A drive set aside where a member was last seen is said on that member's line.
+    let set_aside_at = |seen: &str| {
+        not_members
+            .iter()
+            .find(|i| i["identity"].as_str() == Some(seen))
+            .and_then(|i| i["reason"].as_str())
+    };
     for d in v["drives"].as_array().into_iter().flatten() {
         let at = match (d["identity"].as_str(), d["last_seen"].as_str()) {
             (Some(p), _) if p != "-" => p.to_string(),
-            (_, Some(seen)) => format!("- (last seen at {seen})"),
+            (_, Some(seen)) => match set_aside_at(seen) {
+                Some(why) => format!("- (last seen at {seen}, set aside there: {why})"),
+                None => format!("- (last seen at {seen})"),
+            },
             _ => "-".to_string(),
         };
         let why = match (d["failed_at_unix"].as_u64(), d["failure"].as_str()) {
@@ -224,7 +236,18 @@ pub fn run(a: StatusArgs) -> Result<()> {
             println!("                   writes {}", one(&l["write"]));
         }
     }
-    for i in v["not_members"].as_array().into_iter().flatten() {
+    let last_seen: Vec<&str> = v["drives"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["identity"].as_str().is_none_or(|p| p == "-"))
+        .filter_map(|d| d["last_seen"].as_str())
+        .collect();
+    for i in not_members.iter().filter(|i| {
+        !i["identity"]
+            .as_str()
+            .is_some_and(|p| last_seen.contains(&p))
+    }) {
         println!(
             "not a member: {}: {}",
             i["identity"].as_str().unwrap_or(""),

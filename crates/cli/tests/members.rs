@@ -564,6 +564,28 @@ fn offline_drive_fail_rebuilds_nothing_until_asked() {
         out.contains("drive 2 taken out of service") && out.contains("drive replace 2 PATH"),
         "{out}"
     );
+    // The next open says so once: the member failed, where its drive is, and why it is set
+    // aside (it used to be said four times, as "missing" and as "not a member" in the data
+    // dir's report and again by the engine).
+    let opened = ok("status", &flashpool(&["status", "--data", s(&data)]));
+    let warned: Vec<&str> = opened
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("member 2"))
+        .collect();
+    assert!(
+        warned.len() == 1
+            && warned[0].contains("failed: member 2")
+            && warned[0].contains("drive-2.img"),
+        "{opened}"
+    );
+    // Status says it on the member's line, not again as a drive that is not a member.
+    assert!(
+        opened
+            .lines()
+            .any(|l| l.starts_with("drive  2: failed") && l.contains("set aside there"))
+            && !opened.contains("not a member:"),
+        "{opened}"
+    );
     let st = status_json(&data);
     assert_eq!(st["drives"][2]["state"], "failed", "{st}");
     assert_eq!(st["pool"]["k"], 4, "{st}");

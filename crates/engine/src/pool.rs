@@ -1066,7 +1066,8 @@ impl Pool {
     }
 
     /// Opens the pool an assembly found; fails (writing nothing) when more members are down
-    /// than parity covers.
+    /// than parity covers. The caller reports the drives set aside and the members down
+    /// (`Pool::open` logs them; this does not, so they are not said twice).
     pub fn open_assembly(a: crate::assembly::Assembly, opts: &OpenOptions) -> Result<Pool> {
         check_interval(opts.checkpoint_interval)?;
         let inner = crate::recovery::recover_assembled(a, opts)?;

@@ -75,23 +75,50 @@ pub fn read_superblock(d: &DriveRef) -> Result<Superblock> {
 }
 
 pub(crate) fn recover(drives: Vec<DriveRef>, opts: &OpenOptions) -> Result<Inner> {
-    recover_assembled(crate::assembly::assemble(drives, opts.pool_uuid)?, opts)
+    let a = crate::assembly::assemble(drives, opts.pool_uuid)?;
+    a.check()?;
+    log_assembly(&a);
+    recover_assembled(a, opts)
+}
+
+/// Logs the drives set aside and the members out of service, one line each: a drive set
+/// aside in a member's slot (failed, stale, damaged) is said once, with that member. A caller
+/// that assembles the pool itself (`Pool::open_assembly`) reports the assembly its own way.
+fn log_assembly(a: &Assembly) {
+    let down = a.down();
+    let claimed = |m: usize| a.ignored.iter().find(|i| i.claims_member == Some(m));
+    for i in &a.ignored {
+        if i.claims_member
+            .is_some_and(|m| down.iter().any(|d| d.index == m))
+        {
+            continue;
+        }
+        tracing::warn!(drive = %i.identity, "not a member of the pool: {}", i.reason);
+    }
+    for m in &down {
+        let uuid = crate::assembly::uuid_text(&m.uuid);
+        match claimed(m.index) {
+            Some(i) => tracing::warn!(
+                member = m.index,
+                uuid = %uuid,
+                state = m.state_name(),
+                drive = %i.identity,
+                "member out of service; opening degraded: {}",
+                i.reason
+            ),
+            None => tracing::warn!(
+                member = m.index,
+                uuid = %uuid,
+                state = m.state_name(),
+                "member out of service; opening degraded"
+            ),
+        }
+    }
 }
 
 /// Opens the pool an [`Assembly`] found (whose `check` passed).
 pub(crate) fn recover_assembled(a: Assembly, opts: &OpenOptions) -> Result<Inner> {
     a.check()?;
-    for i in &a.ignored {
-        tracing::warn!(drive = %i.identity, "not a member of the pool: {}", i.reason);
-    }
-    for m in a.down() {
-        tracing::warn!(
-            member = m.index,
-            uuid = %crate::assembly::uuid_text(&m.uuid),
-            state = m.state_name(),
-            "member out of service; opening degraded"
-        );
-    }
     let Assembly {
         newest,
         slots,

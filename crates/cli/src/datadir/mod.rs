@@ -396,9 +396,11 @@ pub fn open(dir: &Path, req: &OpenRequest) -> Result<DataDir> {
 }
 
 /// One line per member and per drive set aside: where each member is, or where it was last
-/// seen and what is there now.
+/// seen and what is there now. A drive set aside in a member's slot is said with that member,
+/// not again on a line of its own.
 fn report(dir: &Path, record: Option<&MemberRecord>, a: &Assembly, c: &Candidates) -> Vec<String> {
     let mut lines = Vec::new();
+    let mut said: Vec<&str> = Vec::new();
     for m in a.members() {
         let uuid = flashpool_engine::assembly::uuid_text(&m.uuid);
         if let Some(at) = &m.identity {
@@ -413,25 +415,33 @@ fn report(dir: &Path, record: Option<&MemberRecord>, a: &Assembly, c: &Candidate
             continue;
         }
         let seen = record.and_then(|r| r.last_seen(dir, &uuid));
-        let why = seen.as_ref().map_or_else(
-            || "never recorded by this data dir".to_string(),
-            |p| {
-                let what = c
-                    .why_unopened(p)
-                    .map(str::to_string)
-                    .or_else(|| {
-                        a.ignored
-                            .iter()
-                            .find(|i| Path::new(&i.identity) == p)
-                            .map(|i| i.reason.clone())
-                    })
-                    .unwrap_or_else(|| "something else is there now".into());
+        let why = match &seen {
+            None => "never recorded by this data dir".to_string(),
+            Some(p) => {
+                let set_aside = a.ignored.iter().find(|i| Path::new(&i.identity) == p);
+                let what = match (c.why_unopened(p), set_aside) {
+                    (Some(why), _) => why.to_string(),
+                    (None, Some(i)) => {
+                        said.push(&i.identity);
+                        i.reason.clone()
+                    }
+                    (None, None) => "something else is there now".into(),
+                };
                 format!("last seen at {}: {what}", p.display())
-            },
-        );
-        lines.push(format!("  missing: member {} ({uuid}), {why}", m.index));
+            }
+        };
+        // "missing", or "failed" for a failed member whose drive was set aside.
+        lines.push(format!(
+            "  {}: member {} ({uuid}), {why}",
+            m.state_name(),
+            m.index
+        ));
     }
-    for i in &a.ignored {
+    for i in a
+        .ignored
+        .iter()
+        .filter(|i| !said.contains(&i.identity.as_str()))
+    {
         lines.push(format!("  not a member: {}: {}", i.identity, i.reason));
     }
     lines
