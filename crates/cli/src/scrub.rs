@@ -28,6 +28,7 @@ pub fn report_json(r: &flashpool_engine::ScrubReport) -> serde_json::Value {
         "stripes_dead": r.stripes_dead,
         "bytes_checked": r.bytes_checked, "bad_chunks": r.bad_chunks,
         "segments_repaired": r.segments_repaired, "elapsed_secs": r.elapsed_secs,
+        "stripes_unavailable": r.stripes_unavailable, "blocks_unavailable": r.blocks_unavailable,
         "unrecoverable": r.unrecoverable.iter()
             .map(|(v, off)| serde_json::json!({"volume": v, "offset": off}))
             .collect::<Vec<_>>(),
@@ -72,6 +73,15 @@ pub fn run(a: ScrubArgs) -> Result<()> {
     }
     if v["unrecoverable"].as_array().is_some_and(|l| !l.is_empty()) {
         anyhow::bail!("the scrub found blocks parity cannot recover (listed above)");
+    }
+    let unavailable = v["stripes_unavailable"].as_u64().unwrap_or(0);
+    if unavailable > 0 {
+        anyhow::bail!(
+            "the scrub could not read {unavailable} stripes ({} live blocks): more of their chunks \
+             are on members out of service than parity covers; they are not lost and read again \
+             when those members return (`flashpool drive readmit N`, or the drive put back)",
+            v["blocks_unavailable"]
+        );
     }
     Ok(())
 }

@@ -879,6 +879,11 @@ fn spawn_scrubber(pool: Arc<flashpool_engine::Pool>, interval: std::time::Durati
                     blocks = r.unrecoverable.len(),
                     "background scrub: blocks lost (`flashpool scrub --check-only` lists them)"
                 ),
+                Ok(r) if r.stripes_unavailable > 0 => tracing::error!(
+                    stripes = r.stripes_unavailable,
+                    blocks = r.blocks_unavailable,
+                    "background scrub: stripes unreadable while members are out of service"
+                ),
                 Ok(r) => tracing::info!(
                     bad_chunks = r.bad_chunks,
                     repaired = r.segments_repaired,

@@ -293,11 +293,18 @@ pub fn run(a: StatusArgs) -> Result<()> {
     let sc = &v["scrub"];
     if !sc.is_null() {
         println!(
-            "last scrub: {} stripes checked, {} bad chunks, {} segments repaired, {} blocks lost",
+            "last scrub: {} stripes checked, {} bad chunks, {} segments repaired, {} blocks lost{}",
             sc["stripes_checked"],
             sc["bad_chunks"],
             sc["segments_repaired"],
-            sc["unrecoverable"].as_array().map_or(0, Vec::len)
+            sc["unrecoverable"].as_array().map_or(0, Vec::len),
+            match sc["stripes_unavailable"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!(
+                    "; {n} stripes ({} blocks) UNREADABLE while members are out of service",
+                    sc["blocks_unavailable"]
+                ),
+            }
         );
     }
     println!(

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{flashpool, ok, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, random, s, Nbd, Server, TempDir};
 use flashpool_nbd::proto::FLAG_READ_ONLY;
 
 fn block(seed: u8) -> Vec<u8> {
@@ -72,6 +72,71 @@ fn a_pool_short_of_members_is_read_only_until_a_member_is_readmitted() {
     for i in 1..64u64 {
         assert!(c.read(i * 4096, 4096) == block(i as u8 + 1), "block {i}");
     }
+    c.disconnect();
+    srv.stop();
+}
+
+/// Members down beyond parity (one failed, a second forced out), through the server: a scrub
+/// cannot read what it checks, and says so (it used to report the pool clean and exit 0):
+/// `flashpool scrub` exits non-zero naming the stripes and blocks out of reach and how to get
+/// them back, status's last-scrub line says UNREADABLE; once a member is readmitted the scrub
+/// is clean and every block reads.
+#[test]
+fn a_scrub_with_members_down_beyond_parity_says_what_it_cannot_read() {
+    let tmp = TempDir::new("short-of-members", "scrub");
+    let data = tmp.0.join("data");
+    let d = s(&data);
+    let srv = Server::start(&data, &["--rebuild-delay", "100000"]);
+    // Incompressible: full 4+1 stripes, each on all five members.
+    let len = 4 << 20;
+    let data_written = random(5, len);
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    c.write_all(0, &data_written);
+    c.flush();
+    c.disconnect();
+    ok("scrub", &flashpool(&["scrub", "--data", d]));
+
+    ok("fail 0", &flashpool(&["drive", "--data", d, "fail", "0"]));
+    ok(
+        "fail 3 --force",
+        &flashpool(&["drive", "--data", d, "fail", "3", "--force"]),
+    );
+    let out = flashpool(&["scrub", "--data", d, "--check-only"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("could not read") && err.contains("readmit"),
+        "{out:?}"
+    );
+    let json = flashpool(&["scrub", "--data", d, "--check-only", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["stripes_unavailable"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["blocks_unavailable"].as_u64().unwrap() >= (len / 4096) as u64,
+        "{v}"
+    );
+    assert_eq!(
+        v["unrecoverable"],
+        serde_json::json!([]),
+        "nothing is lost: {v}"
+    );
+    let status = ok("status", &flashpool(&["status", "--data", d]));
+    assert!(
+        status.contains("UNREADABLE while members are out of service"),
+        "{status}"
+    );
+
+    ok(
+        "readmit 3",
+        &flashpool(&["drive", "--data", d, "readmit", "3"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(
+        "scrub after readmit",
+        &flashpool(&["scrub", "--data", d, "--json"]),
+    ))
+    .unwrap();
+    assert_eq!(v["stripes_unavailable"], 0, "{v}");
+    let mut c = Nbd::connect(&srv.nbd, "").unwrap();
+    assert!(c.read_all(0, len) == data_written, "the data after the readmit");
     c.disconnect();
     srv.stop();
 }

@@ -31,6 +31,12 @@ pub struct ScrubReport {
     pub segments_repaired: u64,
     /// Live blocks no parity could recover: (volume, byte offset).
     pub unrecoverable: Vec<(String, u64)>,
+    /// Stripes that cannot be read now, though every chunk on a member in service checked:
+    /// more of their chunks are on members out of service than parity covers. Not lost: they
+    /// read again when enough of those members return (`drive readmit`, the drive put back).
+    pub stripes_unavailable: u64,
+    /// The live blocks those stripes hold.
+    pub blocks_unavailable: u64,
     pub elapsed_secs: f64,
 }
 
@@ -69,6 +75,20 @@ impl Inner {
         let w = self.writer.lock();
         matches!(w.segs.states[seg as usize], SegState::Used | SegState::Open)
             .then(|| w.segs.opened[seg as usize])
+    }
+
+    /// How many of stripe `s`'s chunks are on members out of service.
+    fn chunks_out_of_service(&self, s: &StripeDesc) -> usize {
+        let n = if s.w == 0 { 0 } else { s.w + s.m };
+        s.chunks[..n]
+            .iter()
+            .filter(|c| {
+                self.drives
+                    .get(c.drive as usize)
+                    .and_then(|d| d.usable())
+                    .is_none()
+            })
+            .count()
     }
 
     /// Whether stripe `s` holds nothing a scrub protects: no block the maps point at, and no
@@ -140,6 +160,15 @@ impl Inner {
                 let (bytes, crc_bad, unreadable) = self.check_stripe(desc);
                 rep.bytes_checked += bytes;
                 if crc_bad.is_empty() && unreadable.is_empty() {
+                    // Sound where it could be checked; readable only if enough of it is in
+                    // service (with members down beyond parity, a scrub that said nothing
+                    // here reported a pool whose data could not be read as clean).
+                    if self.chunks_out_of_service(desc) > desc.m
+                        && self.fill_of(seg) == Some(opened)
+                    {
+                        rep.stripes_unavailable += 1;
+                        rep.blocks_unavailable += self.live_blocks(desc).len() as u64;
+                    }
                     continue;
                 }
                 // Chunks that did not check out are damage only if the stripe was still
@@ -206,11 +235,20 @@ impl Inner {
             Stats::add(&self.stats.repaired_segments, damaged.len() as u64);
         }
         rep.elapsed_secs = started.elapsed().as_secs_f64();
+        if rep.stripes_unavailable > 0 {
+            tracing::warn!(
+                stripes = rep.stripes_unavailable,
+                blocks = rep.blocks_unavailable,
+                "scrub: stripes cannot be read while members are out of service (more of \
+                 their chunks are on them than parity covers); put those members back"
+            );
+        }
         tracing::info!(
             segments = rep.segments_checked,
             bad_chunks = rep.bad_chunks,
             repaired = rep.segments_repaired,
             unrecoverable = rep.unrecoverable.len(),
+            unavailable = rep.stripes_unavailable,
             "scrub done"
         );
         Ok(rep)

@@ -455,3 +455,26 @@ fn stripes_torn_by_a_crash_are_no_crc_errors() {
     pool.fail_drive(0).unwrap();
     verify(&pool, "reopened without member 0");
 }
+
+/// With more members out of service than parity covers, a scrub cannot read the stripes it
+/// checks: it says how many and how many live blocks they hold (it used to report such a
+/// pool clean), names none of them lost, and once the members are back finds all readable.
+#[test]
+fn a_scrub_with_members_down_beyond_parity_names_what_it_cannot_read() {
+    let (_mems, pool) = setup();
+    pool.force_fail_drive(0).unwrap();
+    pool.force_fail_drive(3).unwrap();
+    let rep = pool.scrub(false, None).unwrap();
+    assert!(rep.stripes_unavailable > 0, "{rep:?}");
+    // Every stripe of this pool spans all five members: every block is out of reach.
+    assert_eq!(rep.blocks_unavailable, BLOCKS, "{rep:?}");
+    assert_eq!((rep.bad_chunks, rep.unrecoverable.len()), (0, 0), "{rep:?}");
+    pool.readmit_drive(0).unwrap();
+    let rep = pool.scrub(false, None).unwrap();
+    assert_eq!(
+        (rep.stripes_unavailable, rep.blocks_unavailable),
+        (0, 0),
+        "{rep:?}"
+    );
+    verify(&pool, "member 0 back");
+}

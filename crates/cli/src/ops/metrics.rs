@@ -773,6 +773,11 @@ fn pool_families(
             s.unrecoverable.len() as f64,
         );
         f.gauge(
+            "flashpool_scrub_last_unavailable_blocks",
+            "Live blocks the last scrub could not read because more of their stripe's chunks are on members out of service than parity covers (not lost: they read again when those members return).",
+            s.blocks_unavailable as f64,
+        );
+        f.gauge(
             "flashpool_scrub_last_duration_seconds",
             "How long the last scrub took.",
             s.elapsed_secs,
