@@ -136,7 +136,10 @@ fn a_scrub_with_members_down_beyond_parity_says_what_it_cannot_read() {
     .unwrap();
     assert_eq!(v["stripes_unavailable"], 0, "{v}");
     let mut c = Nbd::connect(&srv.nbd, "").unwrap();
-    assert!(c.read_all(0, len) == data_written, "the data after the readmit");
+    assert!(
+        c.read_all(0, len) == data_written,
+        "the data after the readmit"
+    );
     c.disconnect();
     srv.stop();
 }
