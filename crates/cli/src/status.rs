@@ -173,18 +173,21 @@ pub fn run(a: StatusArgs) -> Result<()> {
     }
     let not_members: Vec<&serde_json::Value> =
         v["not_members"].as_array().into_iter().flatten().collect();
-    // A drive set aside where a member was last seen is said on that member's line.
-    let set_aside_at = |seen: &str| {
-        not_members
-            .iter()
-            .find(|i| i["identity"].as_str() == Some(seen))
-            .and_then(|i| i["reason"].as_str())
-    };
+    // A drive set aside where a member was last seen is said on that member's line, and not
+    // again on a line of its own.
+    let mut said: Vec<&str> = Vec::new();
     for d in v["drives"].as_array().into_iter().flatten() {
         let at = match (d["identity"].as_str(), d["last_seen"].as_str()) {
             (Some(p), _) if p != "-" => p.to_string(),
-            (_, Some(seen)) => match set_aside_at(seen) {
-                Some(why) => format!("- (last seen at {seen}, set aside there: {why})"),
+            (_, Some(seen)) => match not_members
+                .iter()
+                .find(|i| i["identity"].as_str() == Some(seen))
+            {
+                Some(i) => {
+                    said.push(seen);
+                    let why = i["reason"].as_str().unwrap_or("");
+                    format!("- (last seen at {seen}, set aside there: {why})")
+                }
                 None => format!("- (last seen at {seen})"),
             },
             _ => "-".to_string(),
@@ -236,18 +239,10 @@ pub fn run(a: StatusArgs) -> Result<()> {
             println!("                   writes {}", one(&l["write"]));
         }
     }
-    let last_seen: Vec<&str> = v["drives"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|d| d["identity"].as_str().is_none_or(|p| p == "-"))
-        .filter_map(|d| d["last_seen"].as_str())
-        .collect();
-    for i in not_members.iter().filter(|i| {
-        !i["identity"]
-            .as_str()
-            .is_some_and(|p| last_seen.contains(&p))
-    }) {
+    for i in not_members
+        .iter()
+        .filter(|i| !i["identity"].as_str().is_some_and(|p| said.contains(&p)))
+    {
         println!(
             "not a member: {}: {}",
             i["identity"].as_str().unwrap_or(""),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{flashpool, ok, random, s, Nbd, Server, TempDir};
+use common::{flashpool, ok, ok_stdout, random, s, Nbd, Server, TempDir};
 use flashpool_nbd::proto::FLAG_READ_ONLY;
 
 fn block(seed: u8) -> Vec<u8> {
@@ -129,7 +129,7 @@ fn a_scrub_with_members_down_beyond_parity_says_what_it_cannot_read() {
         "readmit 3",
         &flashpool(&["drive", "--data", d, "readmit", "3"]),
     );
-    let v: serde_json::Value = serde_json::from_str(&ok(
+    let v: serde_json::Value = serde_json::from_str(&ok_stdout(
         "scrub after readmit",
         &flashpool(&["scrub", "--data", d, "--json"]),
     ))

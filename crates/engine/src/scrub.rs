@@ -1,13 +1,13 @@
 //! Scrub and repair: read every stripe holding live data or log records of every segment
-//! holding data (used or open), check every chunk's CRC32C on every member in service, and repair what parity can: the damaged segment's live data is
-//! moved into new stripes (read through reconstruction), which rewrites every block of it
+//! holding data (used or open), check every chunk's CRC32C on every member in service, and
+//! repair what parity can: the damaged segment's live data is moved into new stripes (read through reconstruction), which rewrites every block of it
 //! intact and frees the rotten space. Stripes that parity cannot recover are reported with
 //! the volume and offset of every live block they hold, and left in place (their other blocks
 //! still read). Host reads that had to reconstruct a block mark its segment for the same
 //! repair (`Pool::repair_pending`), so rot found by a read does not stay on the drive.
 
 use crate::error::Result;
-use crate::format::header::StripeKind;
+use crate::format::header::{ChunkLoc, StripeKind};
 use crate::layout::SegState;
 use crate::pool::{Inner, Pool};
 use crate::scan::StripeDesc;
@@ -77,17 +77,20 @@ impl Inner {
             .then(|| w.segs.opened[seg as usize])
     }
 
+    /// Whether chunk `c` is on a member out of service (failed, missing or retired).
+    fn out_of_service(&self, c: &ChunkLoc) -> bool {
+        self.drives
+            .get(c.drive as usize)
+            .and_then(|d| d.usable())
+            .is_none()
+    }
+
     /// How many of stripe `s`'s chunks are on members out of service.
     fn chunks_out_of_service(&self, s: &StripeDesc) -> usize {
         let n = if s.w == 0 { 0 } else { s.w + s.m };
         s.chunks[..n]
             .iter()
-            .filter(|c| {
-                self.drives
-                    .get(c.drive as usize)
-                    .and_then(|d| d.usable())
-                    .is_none()
-            })
+            .filter(|c| self.out_of_service(c))
             .count()
     }
 
@@ -199,14 +202,7 @@ impl Inner {
                     // service.
                     let n = desc.w + desc.m;
                     let lost: Vec<usize> = (0..n)
-                        .filter(|&i| {
-                            bad.contains(&i)
-                                || self
-                                    .drives
-                                    .get(desc.chunks[i].drive as usize)
-                                    .and_then(|d| d.usable())
-                                    .is_none()
-                        })
+                        .filter(|&i| bad.contains(&i) || self.out_of_service(&desc.chunks[i]))
                         .collect();
                     let blocks = self.lost_blocks(desc, &lost);
                     for (vol, off) in &blocks {
